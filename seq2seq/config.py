@@ -1,0 +1,235 @@
+"""Typed configuration: dataclasses per concern, YAML in, dotted ``--set`` overrides.
+
+Unknown keys are errors, values are checked against the field's type, and the resolved
+config is saved with every run so a checkpoint can rebuild its model alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from seq2seq.errors import Seq2SeqError
+
+
+@dataclass
+class ModelConfig:
+    # Multi30k has ~10k distinct source and target subwords at 8k joint BPE; a joint
+    # vocabulary lets source, target and output embeddings be one matrix.
+    src_vocab_size: int = 8000
+    tgt_vocab_size: int = 8000
+    d_model: int = 256  # small enough for 2 CPU cores, big enough for BLEU > 35 on Multi30k
+    n_heads: int = 8  # Dh = 32
+    n_kv_heads: int | None = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
+    d_ff: int = 1024  # the usual 4 * d_model
+    n_enc_layers: int = 3
+    n_dec_layers: int = 3
+    dropout: float = 0.1
+    attn_dropout: float = 0.0  # dropout on attention weights; 0 keeps the fused kernel
+    max_positions: int = 512  # sinusoidal table length: the longest source or target
+    share_embeddings: bool = True  # source + target embeddings one matrix (joint vocab)
+    tie_output: bool = True  # output projection = target embedding (Press & Wolf 2017)
+    d_latent: int | None = None  # set to use MLA-style latent K/V in self-attention
+
+
+@dataclass
+class DataConfig:
+    data: str = "bentrevett/multi30k"  # Hub id, local folder, TSV file or registry name
+    src: str = "de"
+    tgt: str = "en"
+    test_split: str | None = None  # None = the one split named test*
+    vocab_size: int = 8000
+    spm_model_type: str = "bpe"  # or "unigram"
+    joint_vocab: bool = True
+    max_len: int = 100  # subwords per side; longer training pairs are dropped and counted
+    max_tokens: int = 4096  # per batch, per side, padding included
+    carve_valid: int = 1000  # carved off train when a corpus has only a train split
+    carve_test: int = 1000
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    lr: float = 1e-3  # peak learning rate after warmup (Adam, inverse sqrt decay)
+    warmup_steps: int = 1000
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0
+    accum_steps: int = 1  # gradient accumulation: effective batch = accum_steps * max_tokens
+    max_epochs: int = 100
+    max_time: float | None = None  # minutes of wall time; None = no limit
+    max_steps: int | None = None
+    patience: int = 10  # validations without BLEU improvement before stopping
+    validate_every: int = 0  # steps; 0 = once per epoch
+    valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
+    log_every: int = 10
+    precision: str = "bf16"  # "bf16" autocast where supported, else "fp32"
+    threads: int | None = None  # torch intra-op threads; None = physical cores
+    max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
+    attention_sentences: int = 3  # validation sentences whose cross-attention is saved
+    device: str = "auto"  # "auto", "cpu" or "cuda"
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = 1
+    nbest: int = 1
+    length_penalty: float = 1.0  # GNMT alpha in ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.5  # max_len = a * S + b, S = source subwords
+    max_len_b: int = 10
+    max_tokens: int = 4096  # source tokens per translation batch
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check ``value`` against a field annotation, converting YAML scalars where harmless."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise Seq2SeqError(f"config {where}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise Seq2SeqError(f"config {where}: expected true or false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise Seq2SeqError(f"config {where}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise Seq2SeqError(f"config {where}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise Seq2SeqError(f"config {where}: expected a string, got {value!r}")
+    return value
+
+
+def _update(obj: Any, values: dict[str, Any], prefix: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    for key, value in values.items():
+        where = f"{prefix}{key}"
+        if key not in names:
+            raise Seq2SeqError(f"config: unknown key '{where}' (known: {', '.join(sorted(names))})")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise Seq2SeqError(f"config {where}: expected a mapping, got {value!r}")
+            _update(current, value, where + ".")
+        else:
+            setattr(obj, key, _coerce(value, hints[key], where))
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    config = Config()
+    if not isinstance(values, dict):
+        raise Seq2SeqError("config: the top level must be a mapping of sections")
+    _update(config, values, "")
+    validate(config)
+    return config
+
+
+def parse_override(text: str) -> dict[str, Any]:
+    """``train.lr=5e-4`` -> ``{"train": {"lr": 0.0005}}`` (the value is read as YAML)."""
+    if "=" not in text:
+        raise Seq2SeqError(f"--set expects section.key=value, got '{text}'")
+    dotted, raw = text.split("=", 1)
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    nested: dict[str, Any] = {}
+    node = nested
+    parts = dotted.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return nested
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file, then each ``--set`` override, in that order."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise Seq2SeqError(f"config file not found: {path}") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise Seq2SeqError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+        values = loaded or {}
+        if not isinstance(values, dict):
+            raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
+    for text in overrides:
+        values = _merge(values, parse_override(text))
+    return config_from_dict(values)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    def plain(v: Any) -> Any:
+        return list(v) if isinstance(v, tuple) else v
+
+    return {
+        section.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(config, section.name)).items()}
+        for section in dataclasses.fields(config)
+    }
+
+
+def validate(config: Config) -> None:
+    """Reject absurd values with a message naming the key."""
+    m, t, d, dec = config.model, config.train, config.data, config.decode
+    checks = [
+        (m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
+         "model.d_model must be a positive multiple of model.n_heads"),
+        (m.n_kv_heads is None or (1 <= m.n_kv_heads <= m.n_heads and m.n_heads % m.n_kv_heads == 0),
+         "model.n_kv_heads must divide model.n_heads (1 = MQA, n_heads = MHA)"),
+        (m.d_latent is None or m.d_latent >= 1, "model.d_latent must be positive"),
+        (m.src_vocab_size >= 8 and m.tgt_vocab_size >= 8, "model vocabulary sizes must be >= 8"),
+        (m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1, "model sizes must be positive"),
+        (0.0 <= m.dropout < 1.0 and 0.0 <= m.attn_dropout < 1.0, "model dropouts must be in [0, 1)"),
+        (m.max_positions >= 2, "model.max_positions must be >= 2"),
+        (t.lr > 0 and t.warmup_steps >= 0, "train.lr must be > 0 and train.warmup_steps >= 0"),
+        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.accum_steps >= 1 and t.max_epochs >= 1, "train.accum_steps and train.max_epochs must be >= 1"),
+        (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
+        (t.device in ("auto", "cpu", "cuda"), "train.device must be 'auto', 'cpu' or 'cuda'"),
+        (t.max_time is None or t.max_time > 0, "train.max_time must be positive (minutes)"),
+        (t.clip_norm >= 0 and t.max_bad_steps >= 0, "train.clip_norm and train.max_bad_steps must be >= 0"),
+        (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
+        (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
+        (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
+        (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (dec.beam >= 1 and 1 <= dec.nbest <= dec.beam, "decode.nbest must be between 1 and decode.beam"),
+        (dec.max_len_a >= 0 and dec.max_len_b >= 1, "decode.max_len_a must be >= 0 and max_len_b >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise Seq2SeqError(f"config: {message}")
