@@ -1,0 +1,281 @@
+"""Multi-head attention (MHA / GQA / MQA in one module) and the incremental decoding cache.
+
+Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
+``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
+all ``-inf`` softmax, so no NaN ever leaves this module.
+
+Letters: ``B`` batch, ``Tq`` queries, ``Tk`` keys, ``D`` d_model, ``H`` query heads, ``G``
+key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# torch >= 2.5 lets SDPA broadcast G key/value heads over H query heads without a copy.
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+@dataclass
+class AttentionCache:
+    """What one attention module keeps between decoding steps.
+
+    ``static=False`` (decoder self-attention): K/V grow by the new positions at every call.
+    ``static=True`` (cross-attention): K/V are computed from the encoder memory at the first
+    call and reused unchanged; their batch may be smaller than the queries' batch, in which
+    case each block of ``B_q / B_k`` consecutive query rows (the beams of one source
+    sentence) reads the same keys, so beams share one copy instead of K copies.
+    For MLA the cache holds the per-token latent instead of K and V (``latent``).
+    """
+
+    static: bool = False
+    k: Tensor | None = None  # (B, G, Tk, Dh)
+    v: Tensor | None = None  # (B, G, Tk, Dh)
+    latent: Tensor | None = None  # (B, Tk, L)
+
+    @property
+    def length(self) -> int:
+        if self.latent is not None:
+            return self.latent.shape[1]
+        return 0 if self.k is None else self.k.shape[2]
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.k, self.v, self.latent) if t is not None]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search: each new beam's parent row)."""
+        if self.static:
+            return  # shared by a sentence's beams; the order of beams cannot change it
+        if self.k is not None:
+            self.k, self.v = self.k.index_select(0, index), self.v.index_select(0, index)
+        if self.latent is not None:
+            self.latent = self.latent.index_select(0, index)
+
+
+@dataclass
+class DecoderCache:
+    """Incremental decoding state for a whole decoder: one per decode call.
+
+    Per layer, ``self_attn[i]`` grows one position per step and ``cross_attn[i]`` holds the
+    encoder-side K/V computed once. With G key/value heads, each layer's self-attention
+    cache at length T holds exactly ``2 * B * T * G * Dh`` elements.
+    """
+
+    n_layers: int
+    self_attn: list[AttentionCache] = field(init=False)
+    cross_attn: list[AttentionCache] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.self_attn = [AttentionCache(static=False) for _ in range(self.n_layers)]
+        self.cross_attn = [AttentionCache(static=True) for _ in range(self.n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Target positions already decoded (the next token's position)."""
+        return self.self_attn[0].length
+
+    def reorder(self, index: Tensor) -> None:
+        for entry in self.self_attn:
+            entry.reorder(index)
+
+    def size(self) -> dict[str, int]:
+        """Elements and bytes held, split into self- and cross-attention."""
+        report = {}
+        for name, entries in (("self", self.self_attn), ("cross", self.cross_attn)):
+            tensors = [t for e in entries for t in e.tensors()]
+            report[f"{name}_elements"] = sum(t.numel() for t in tensors)
+            report[f"{name}_bytes"] = sum(t.numel() * t.element_size() for t in tensors)
+        report["elements"] = report["self_elements"] + report["cross_elements"]
+        report["bytes"] = report["self_bytes"] + report["cross_bytes"]
+        return report
+
+
+def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
+    """Raise ``ValueError`` unless ``allowed`` is a usable boolean mask for these sizes."""
+    if allowed.dtype != torch.bool:
+        raise ValueError("Use a boolean mask: True = allowed")
+    shape = tuple(allowed.shape)
+    ok = (allowed.ndim == 2 and shape == (tq, tk)) or (
+        allowed.ndim == 4
+        and shape[0] in (1, batch)
+        and shape[1] == 1
+        and shape[2] in (1, tq)
+        and shape[3] == tk
+    )
+    if not ok:
+        raise ValueError(
+            f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
+            f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
+        )
+    if not allowed.any(dim=-1).all():
+        raise ValueError("Each query must have at least one allowed key")
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None = None,
+    dropout: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention over split heads, with G <= H key/value heads.
+
+    Query head ``h`` reads key/value head ``h // (H / G)``: consecutive query heads share.
+    Without weights this is the fused ``F.scaled_dot_product_attention``; with weights it is
+    the explicit ``softmax(Q Kᵀ / √Dh + mask) V``, and both give the same output.
+
+    Shapes:
+        q: (B, H, Tq, Dh); k, v: (B, G, Tk, Dh); allowed: broadcastable to (B, 1, Tq, Tk)
+        returns out (B, H, Tq, Dh) and weights (B, H, Tq, Tk) or None
+    """
+    b, h, tq, dh = q.shape
+    g, tk = k.shape[1], k.shape[2]
+    if not need_weights:
+        if g != h and not _SDPA_HAS_GQA:
+            k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
+        kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
+        return out, None
+
+    # Group query heads by the key/value head they share: a broadcast, not a copy.
+    qg = q.view(b, g, h // g, tq, dh)  # (B, G, H/G, Tq, Dh)
+    scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(dh)  # (B, G, H/G, Tq, Tk)
+    scores = scores.view(b, h, tq, tk)  # (B, H, Tq, Tk)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
+    out = dropped.view(b, g, h // g, tq, tk) @ v.unsqueeze(2)  # (B, G, H/G, Tq, Dh)
+    return out.view(b, h, tq, dh), weights
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with ``n_kv_heads`` key/value heads (MHA, GQA or MQA).
+
+    ``n_kv_heads = n_heads`` is MHA, ``1`` is MQA, anything dividing ``n_heads`` is GQA;
+    ``k_proj``/``v_proj`` produce only ``n_kv_heads * Dh`` features, so the cache is really
+    smaller. ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for
+    absolute positions): each key/value token is compressed to a ``d_latent`` vector, only
+    that latent is cached, and K and V are up-projected from it.
+
+    Shapes:
+        q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
+        returns (B, Tq, D) and, with ``need_weights``, weights (B, H, Tq, Tk)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        d_latent: int | None = None,
+    ) -> None:
+        super().__init__()
+        if d_model < 1 or n_heads < 1 or d_model % n_heads:
+            raise ValueError("d_model must be divisible by n_heads")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if not 1 <= n_kv_heads <= n_heads or n_heads % n_kv_heads:
+            raise ValueError("n_kv_heads must be between 1 and n_heads and divide n_heads")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        d_kv = n_kv_heads * self.d_head
+        self.q_proj = nn.Linear(d_model, d_model)
+        if d_latent is None:
+            self.k_proj = nn.Linear(d_model, d_kv)
+            self.v_proj = nn.Linear(d_model, d_kv)
+        else:
+            self.kv_down = nn.Linear(d_model, d_latent)  # the only thing cached
+            self.k_proj = nn.Linear(d_latent, d_kv)
+            self.v_proj = nn.Linear(d_latent, d_kv)
+        self.d_latent = d_latent
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, shared_kv: bool) -> None:
+        if any(x.ndim != 3 for x in (q, k, v)):
+            raise ValueError("Expected [batch, sequence, d_model] inputs")
+        same = all(x.shape[0] == q.shape[0] for x in (k, v))
+        # Beams of one sentence may share a static cache: B_q is then a multiple of B_k.
+        shared = shared_kv and k.shape[0] == v.shape[0] and q.shape[0] % k.shape[0] == 0
+        if not (same or shared):
+            raise ValueError("Query, key and value batch sizes must match")
+        if any(x.shape[-1] != self.d_model for x in (q, k, v)):
+            raise ValueError("Input widths must equal d_model")
+        if k.shape[1] == 0:
+            raise ValueError("At least one key/value is required")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError("Key and value lengths must match")
+
+    def _split_kv(self, k: Tensor, v: Tensor, cache: AttentionCache | None) -> tuple[Tensor, Tensor]:
+        """Project keys and values, reading and updating ``cache``; returns (B, G, Tk, Dh)."""
+        if cache is not None and cache.static and cache.length:
+            if self.d_latent is None:
+                return cache.k, cache.v
+            return self._up(cache.latent)
+        if self.d_latent is None:
+            b = k.shape[0]
+            kh = self.k_proj(k).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+            vh = self.v_proj(v).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+            if cache is not None:
+                if cache.k is not None:
+                    kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
+                    vh = torch.cat([cache.v, vh], dim=2)
+                cache.k, cache.v = kh, vh
+            return kh, vh
+        latent = self.kv_down(k)  # (B, Tk, L); MLA compresses keys = values input
+        if cache is not None:
+            if cache.latent is not None:
+                latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)
+            cache.latent = latent
+        return self._up(latent)
+
+    def _up(self, latent: Tensor) -> tuple[Tensor, Tensor]:
+        b = latent.shape[0]
+        kh = self.k_proj(latent).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+        vh = self.v_proj(latent).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+        return kh, vh  # (B, G, Tk, Dh)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Tensor | None = None,
+        need_weights: bool = False,
+        cache: AttentionCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        shared_kv = cache is not None and cache.static
+        self._check_inputs(q, k, v, shared_kv)
+        b, tq, _ = q.shape
+        qh = self.q_proj(q).view(b, tq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
+        kh, vh = self._split_kv(k, v, cache)  # (Bk, G, Tk, Dh)
+        bk, tk = kh.shape[0], kh.shape[2]
+        if allowed is not None:
+            check_mask(allowed, bk, tq, tk)
+
+        # Beams sharing one source: fold each sentence's beams into extra query rows.
+        group = b // bk
+        if group > 1:
+            qh = qh.view(bk, group, self.n_heads, tq, self.d_head).transpose(1, 2)
+            qh = qh.reshape(bk, self.n_heads, group * tq, self.d_head)  # (Bk, H, K*Tq, Dh)
+            if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
+                raise ValueError("A shared key/value cache takes only a key padding mask")
+        dropout = self.dropout if self.training else 0.0
+        out, weights = attend(qh, kh, vh, allowed, dropout, need_weights)  # (Bk, H, K*Tq, Dh)
+        if group > 1:
+            out = out.view(bk, self.n_heads, group, tq, self.d_head).transpose(1, 2)
+            out = out.reshape(b, self.n_heads, tq, self.d_head)
+            if weights is not None:
+                weights = weights.view(bk, self.n_heads, group, tq, tk).transpose(1, 2)
+                weights = weights.reshape(b, self.n_heads, tq, tk)
+
+        out = out.transpose(1, 2)  # (B, Tq, H, Dh): heads back beside each position
+        out = out.reshape(b, tq, self.d_model)  # (B, Tq, D)
+        return self.out_proj(out), weights

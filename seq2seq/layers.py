@@ -1,0 +1,109 @@
+"""Embeddings, sinusoidal positions, feed-forward, and the pre-norm encoder/decoder layers.
+
+Letters: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` d_model, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from seq2seq.attention import AttentionCache, MultiHeadAttention
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """The fixed position encodings of Vaswani et al. (2017), (n_positions, D)."""
+    position = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)
+    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate[: d_model // 2])
+    return table
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by √D, plus sinusoidal positions, then dropout.
+
+    Shapes:
+        tokens: (B, T) -> (B, T, D); position of tokens[:, i] is ``start + i``
+    """
+
+    def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float) -> None:
+        super().__init__()
+        self.tokens = tokens  # may be shared with the other side and the output layer
+        self.scale = math.sqrt(tokens.embedding_dim)
+        self.register_buffer("positions", sinusoidal_table(max_positions, tokens.embedding_dim), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
+        end = start + tokens.shape[1]
+        if end > self.positions.shape[0]:
+            raise ValueError(f"Sequence of {end} positions exceeds max_positions={self.positions.shape[0]}")
+        return self.dropout(self.tokens(tokens) * self.scale + self.positions[start:end])
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.dropout(torch.relu(self.up(x))))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
+                 dropout: float, attn_dropout: float, d_latent: int | None = None) -> None:
+        super().__init__()
+        self.self_attn_norm = nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+        h = self.self_attn_norm(x)
+        x = x + self.dropout(self.self_attn(h, h, h, src_mask)[0])
+        x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+        return x  # (B, S, D)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm: causal self-attention, cross-attention (Q from the target, K/V from the
+    encoder memory), feed-forward. Returns the new states and the cross-attention weights
+    (``None`` unless asked for)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
+                 dropout: float, attn_dropout: float, d_latent: int | None = None) -> None:
+        super().__init__()
+        self.self_attn_norm = nn.LayerNorm(d_model)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
+        self.cross_attn_norm = nn.LayerNorm(d_model)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout)
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        tgt_mask: Tensor | None,
+        src_mask: Tensor,
+        self_cache: AttentionCache | None = None,
+        cross_cache: AttentionCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        h = self.self_attn_norm(x)
+        x = x + self.dropout(self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0])
+        h = self.cross_attn_norm(x)
+        read, weights = self.cross_attn(h, memory, memory, src_mask, need_weights, cross_cache)
+        x = x + self.dropout(read)
+        x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+        return x, weights  # (B, T, D), (B, H, T, S) or None

@@ -1,0 +1,171 @@
+"""MultiHeadAttention: shapes, masks, fast == explicit path, MHA/GQA/MQA, input checks, cache."""
+
+import pytest
+import torch
+from torch import nn
+
+from seq2seq.attention import AttentionCache, MultiHeadAttention
+
+D, H = 32, 4
+KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA
+
+
+def make(n_kv_heads=None, seed=0, d_latent=None):
+    torch.manual_seed(seed)
+    return MultiHeadAttention(D, H, n_kv_heads, d_latent=d_latent).eval()
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+@pytest.mark.parametrize(("tq", "tk"), [(6, 10), (10, 6), (1, 7)])
+def test_output_follows_the_queries(g, tq, tk):
+    attn = make(g)
+    q, kv = torch.randn(2, tq, D), torch.randn(2, tk, D)
+    out, weights = attn(q, kv, kv, need_weights=True)
+    assert out.shape == (2, tq, D)  # one row per query, whatever Tk is
+    assert weights.shape == (2, H, tq, tk)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, H, tq))
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+@pytest.mark.parametrize("mask_kind", [None, "2d", "4d", "padding"])
+def test_fast_path_equals_explicit_path(g, mask_kind):
+    attn = make(g)
+    b, tq, tk = 3, 5, 7
+    q, kv = torch.randn(b, tq, D), torch.randn(b, tk, D)
+    allowed = {
+        None: None,
+        "2d": torch.rand(tq, tk) > 0.4,
+        "4d": torch.rand(b, 1, tq, tk) > 0.4,
+        "padding": torch.arange(tk)[None, None, None, :] < torch.tensor([7, 3, 1])[:, None, None, None],
+    }[mask_kind]
+    if allowed is not None:
+        allowed[..., 0] = True  # every query keeps at least one key
+    fast, none = attn(q, kv, kv, allowed)
+    slow, weights = attn(q, kv, kv, allowed, need_weights=True)
+    assert none is None
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    if allowed is not None:
+        assert (weights.masked_select(~allowed.expand_as(weights)) == 0).all()
+
+
+def test_gqa_with_g_equal_h_is_mha_with_the_same_weights():
+    mha, gqa = make(None, seed=1), make(H, seed=2)
+    gqa.load_state_dict(mha.state_dict())
+    q, kv = torch.randn(2, 4, D), torch.randn(2, 9, D)
+    torch.testing.assert_close(mha(q, kv, kv)[0], gqa(q, kv, kv)[0])
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+def test_kv_projections_hold_only_g_heads(g):
+    attn = make(g)
+    assert attn.k_proj.out_features == attn.v_proj.out_features == g * (D // H)
+
+
+def test_query_heads_share_kv_heads_in_groups():
+    """With G=2 and H=4, query heads 0,1 read K/V head 0 and heads 2,3 read K/V head 1."""
+    attn = make(2)
+    q, kv = torch.randn(1, 3, D), torch.randn(1, 5, D)
+    _, weights = attn(q, kv, kv, need_weights=True)
+    dh = D // H
+    qh = attn.q_proj(q).view(1, 3, H, dh).transpose(1, 2)
+    kh = attn.k_proj(kv).view(1, 5, 2, dh).transpose(1, 2)
+    for head in range(H):
+        expected = (qh[:, head] @ kh[:, head // 2].transpose(-2, -1) / dh**0.5).softmax(-1)
+        torch.testing.assert_close(weights[:, head], expected)
+
+
+def test_matches_torch_multihead_attention():
+    ours = make(None)
+    ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.load_state_dict(ours.out_proj.state_dict())
+    q, kv = torch.randn(2, 4, D), torch.randn(2, 6, D)
+    allowed = torch.rand(4, 6) > 0.5
+    allowed[:, 0] = True
+    expected, expected_w = ref(q, kv, kv, attn_mask=~allowed, average_attn_weights=False)
+    out, weights = ours(q, kv, kv, allowed, need_weights=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, expected_w, atol=1e-5, rtol=1e-5)
+
+
+def test_heads_are_transposed_back_before_merging():
+    """Output position t must depend only on query t: a view without the transpose mixes them."""
+    attn = make(None)
+    q, kv = torch.randn(1, 5, D), torch.randn(1, 7, D)
+    out = attn(q, kv, kv)[0]
+    q2 = q.clone()
+    q2[:, 3] += 1.0
+    out2 = attn(q2, kv, kv)[0]
+    changed = (out2 - out).abs().sum(-1)[0] > 1e-6
+    assert changed.tolist() == [False, False, False, True, False]
+
+
+BAD_INPUTS = [
+    ("wrong ndim", lambda: (torch.randn(4, D), torch.randn(1, 4, D), torch.randn(1, 4, D), None), "Expected \\[batch, sequence, d_model\\]"),
+    ("batch differs", lambda: (torch.randn(2, 4, D), torch.randn(3, 4, D), torch.randn(3, 4, D), None), "batch sizes must match"),
+    ("width", lambda: (torch.randn(1, 4, D + 1), torch.randn(1, 4, D), torch.randn(1, 4, D), None), "widths must equal d_model"),
+    ("zero keys", lambda: (torch.randn(1, 4, D), torch.randn(1, 0, D), torch.randn(1, 0, D), None), "At least one key"),
+    ("k/v lengths", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 6, D), None), "lengths must match"),
+    ("float mask", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.zeros(4, 5)), "boolean mask"),
+    ("empty row", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.eye(4, 5, dtype=torch.bool) & (torch.arange(4) < 3)[:, None]), "at least one allowed key"),
+    ("mask shape", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.ones(5, 4, dtype=torch.bool)), "Mask shape"),
+]
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize(("name", "inputs", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_raise_value_error(name, inputs, message, need_weights):
+    q, k, v, allowed = inputs()
+    with pytest.raises(ValueError, match=message):
+        make()(q, k, v, allowed, need_weights=need_weights)
+
+
+@pytest.mark.parametrize(("d_model", "n_heads", "n_kv_heads"), [(30, 4, None), (32, 0, None), (32, 4, 3), (32, 4, 8), (32, 4, 0)])
+def test_bad_sizes_raise_value_error(d_model, n_heads, n_kv_heads):
+    with pytest.raises(ValueError):
+        MultiHeadAttention(d_model, n_heads, n_kv_heads)
+
+
+def test_no_nan_even_with_large_scores():
+    attn = make()
+    q, kv = torch.randn(2, 3, D) * 1e4, torch.randn(2, 4, D) * 1e4
+    allowed = torch.tensor([[True, False, False, False]] * 3)
+    for need_weights in (False, True):
+        out, _ = attn(q, kv, kv, allowed, need_weights=need_weights)
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+@pytest.mark.parametrize("d_latent", [None, 8])
+def test_growing_cache_equals_full_recompute(g, d_latent):
+    attn = make(g, d_latent=d_latent)
+    b, t = 2, 6
+    x = torch.randn(b, t, D)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    full = attn(x, x, x, causal)[0]
+    cache = AttentionCache()
+    steps = [attn(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], cache=cache)[0] for i in range(t)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    if d_latent is None:
+        assert sum(e.numel() for e in cache.tensors()) == 2 * b * t * g * (D // H)
+    else:
+        assert sum(e.numel() for e in cache.tensors()) == b * t * d_latent
+
+
+def test_static_cache_shared_by_beams_equals_repeated_keys():
+    attn = make(2)
+    b, beams, s = 2, 3, 5
+    memory = torch.randn(b, s, D)
+    pad = torch.tensor([[True] * 5, [True, True, True, False, False]])[:, None, None, :]
+    q = torch.randn(b * beams, 1, D)
+    cache = AttentionCache(static=True)
+    shared, w_shared = attn(q, memory, memory, pad, need_weights=True, cache=cache)
+    repeated = memory.repeat_interleave(beams, 0)
+    expected, w_expected = attn(q, repeated, repeated, pad.repeat_interleave(beams, 0), need_weights=True)
+    torch.testing.assert_close(shared, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(w_shared, w_expected, atol=1e-5, rtol=1e-5)
+    again, _ = attn(q, memory, memory, pad, cache=cache)  # reused, not recomputed
+    torch.testing.assert_close(again, expected, atol=1e-5, rtol=1e-5)
+    assert cache.k.shape[0] == b
