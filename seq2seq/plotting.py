@@ -1,0 +1,681 @@
+"""Cross-attention heatmaps (PNG, SVG), an interactive HTML page, and a JSON dump.
+
+No model imports: every function takes numpy arrays and token lists, so the trainer, the
+``seq2seq attention`` command and tests all call the same code.
+
+Shapes (letters used below):
+    L  decoder layers      H  heads
+    Tq target positions (queries, including the EOS step)
+    Tk source positions (keys, including EOS)
+    ``weights`` is always (L, H, Tq, Tk); each row over Tk sums to 1.
+
+Layers and heads are numbered from 1 everywhere a person sees or passes them (titles,
+``layers=``, ``heads=``, the HTML selector and its ``#layer=2&head=3`` URL hash).
+
+Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas, never through
+pyplot, so plotting needs no display and leaves matplotlib's global state alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import math
+import textwrap
+import unicodedata
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from matplotlib import font_manager
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ft2font import FT2Font
+
+from seq2seq.io import atomic_path, atomic_write_text
+
+CAPTION = (
+    "Attention weights show where each target position read from, not why the model "
+    "produced a token; different layers, heads and seeds can look different for the "
+    "same output."
+)
+
+EOS = "</s>"
+WORD_START = "\u2581"  # SentencePiece's "▁" marks a token that starts a word
+
+HeadSelection = Literal["mean", "all"] | int
+
+# Layout in inches. Every size is a multiple of 1/4 inch, so width * dpi is exact and the
+# PNG size is predictable (see figure_size).
+_CELL_IN = 0.25  # one token per cell until the map hits _MAP_MAX_IN
+_MAP_MIN_IN = 1.5
+_MAP_MAX_IN = 9.0
+_FIG_MAX_IN = 40.0  # whole-figure cap on each side; maps shrink to respect it
+_LEFT_IN = 1.25  # target tick labels + axis label
+_SIDE_IN = 2.5  # entropy bars, mass bars, colour bar and their labels
+_PANEL_TITLE_IN = 0.75  # title, stats line, side-bar titles
+_BOTTOM_IN = 1.25  # rotated source tick labels + axis label
+_SUPTITLE_IN = 0.5
+_CAPTION_IN = 0.75
+_TICK_PT = 7
+_LABEL_PITCH_IN = 0.13  # closest two tick labels may sit at _TICK_PT
+_LABEL_MAX_CHARS = 10
+
+# Tried in order for characters DejaVu Sans lacks (Debian: fonts-noto-cjk, fonts-noto-core).
+_FALLBACK_FONTS = (
+    "Noto Sans CJK SC",
+    "Noto Sans CJK JP",
+    "Noto Sans",
+    "Noto Sans Arabic",
+    "Noto Sans Devanagari",
+    "Noto Sans Hebrew",
+    "Noto Sans Thai",
+)
+
+
+# --- numbers -----------------------------------------------------------------------------
+
+
+def is_punctuation(token: str) -> bool:
+    """True when the token, without SentencePiece's word-start marker, is all punctuation."""
+    text = token.replace(WORD_START, "")
+    return bool(text) and all(unicodedata.category(c).startswith("P") for c in text)
+
+
+def attention_stats(weights: np.ndarray, src_tokens: Sequence[str]) -> dict:
+    """Per-row entropy (bits) and the mass on EOS and on punctuation source columns.
+
+    Plain numbers, no interpretation. EOS columns are those whose token is ``"</s>"``;
+    punctuation columns are those for which ``is_punctuation`` holds.
+
+    Shapes:
+        weights: (Tq, Tk); src_tokens: Tk tokens.
+        row_entropy, eos_mass, punct_mass: Tq floats each.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 2 or w.shape[1] != len(src_tokens):
+        raise ValueError(f"weights must be (Tq, Tk={len(src_tokens)}), got {w.shape}")
+    logs = np.log2(np.where(w > 0, w, 1.0))
+    entropy = -(w * logs).sum(axis=1) + 0.0  # + 0.0 turns -0.0 into 0.0
+    eos_cols = [j for j, t in enumerate(src_tokens) if t == EOS]
+    punct_cols = [j for j, t in enumerate(src_tokens) if is_punctuation(t)]
+    eos_mass = w[:, eos_cols].sum(axis=1)
+    punct_mass = w[:, punct_cols].sum(axis=1)
+    return {
+        "entropy_unit": "bits",
+        "row_entropy": entropy.tolist(),
+        "eos_mass": eos_mass.tolist(),
+        "punct_mass": punct_mass.tolist(),
+        "mean_entropy": float(entropy.mean()) if len(entropy) else 0.0,
+        "mean_eos_mass": float(eos_mass.mean()) if len(eos_mass) else 0.0,
+        "mean_punct_mass": float(punct_mass.mean()) if len(punct_mass) else 0.0,
+    }
+
+
+def _check_weights(
+    weights: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str]
+) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    expected = f"(L, H, Tq={len(tgt_tokens)}, Tk={len(src_tokens)})"
+    if w.ndim != 4 or w.shape[2:] != (len(tgt_tokens), len(src_tokens)):
+        raise ValueError(f"weights must be {expected}, got {w.shape}")
+    if w.shape[0] == 0 or w.shape[1] == 0 or w.shape[2] == 0 or w.shape[3] == 0:
+        raise ValueError(f"weights must be non-empty, got {w.shape}")
+    if not np.isfinite(w).all():
+        raise ValueError("weights contain NaN or infinity")
+    return w
+
+
+def _panel_title(layer: int, head: str, tq: int, tk: int) -> str:
+    return f"layer {layer}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)"
+
+
+def _stats_line(stats: dict) -> str:
+    return (
+        f"mean entropy {stats['mean_entropy']:.2f} {stats['entropy_unit']} \u00b7 "
+        f"mass on EOS {stats['mean_eos_mass']:.2f}, punct {stats['mean_punct_mass']:.2f}"
+    )
+
+
+# --- figure layout -----------------------------------------------------------------------
+
+
+def _quarter(x: float) -> float:
+    return math.floor(x * 4) / 4
+
+
+def _map_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]:
+    """Width and height in inches of one heatmap: a cell per token, within both caps."""
+    fit_w = (_FIG_MAX_IN - n_cols * (_LEFT_IN + _SIDE_IN)) / n_cols
+    fit_h = (
+        _FIG_MAX_IN - _SUPTITLE_IN - _CAPTION_IN - n_rows * (_PANEL_TITLE_IN + _BOTTOM_IN)
+    ) / n_rows
+    width = min(max(tk * _CELL_IN, _MAP_MIN_IN), _MAP_MAX_IN, max(fit_w, _MAP_MIN_IN))
+    height = min(max(tq * _CELL_IN, _MAP_MIN_IN), _MAP_MAX_IN, max(fit_h, _MAP_MIN_IN))
+    return _quarter(width), _quarter(height)
+
+
+def figure_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]:
+    """Figure (width, height) in inches for a grid of n_rows × n_cols heatmaps of Tq × Tk.
+
+    Each map gets a quarter inch per token, between 1.5 and 9 inches a side, shrunk so
+    that the figure stays within 40 × 40 inches (grids too large for that, more than 7
+    panels across or 11 down, keep the 1.5-inch minimum and exceed it). Past the cap, tick labels thin out.
+
+    Sizes are multiples of 1/4 inch, so ``width * dpi`` is exact: the PNG written by
+    ``plot_attention`` is ``floor(width * dpi)`` × ``floor(height * dpi)`` pixels (no tight
+    bounding box), which is ``round(...)`` for any dpi divisible by 4 (72, 100, 200, 300).
+    """
+    map_w, map_h = _map_size(n_rows, n_cols, tq, tk)
+    width = n_cols * (_LEFT_IN + map_w + _SIDE_IN)
+    height = _SUPTITLE_IN + n_rows * (_PANEL_TITLE_IN + map_h + _BOTTOM_IN) + _CAPTION_IN
+    return width, height
+
+
+def _label_step(n_tokens: int, length_in: float) -> int:
+    """Label every k-th token so labels sit at least _LABEL_PITCH_IN apart."""
+    fits = max(1, int(length_in / _LABEL_PITCH_IN))
+    return max(1, math.ceil(n_tokens / fits))
+
+
+def _short(token: str) -> str:
+    return token if len(token) <= _LABEL_MAX_CHARS else token[: _LABEL_MAX_CHARS - 1] + "\u2026"
+
+
+# --- fonts -------------------------------------------------------------------------------
+
+
+@functools.cache
+def _font_chars(family: str) -> frozenset[int] | None:
+    """Code points the installed font ``family`` covers, or None if it is not installed."""
+    try:
+        path = font_manager.findfont(
+            font_manager.FontProperties(family=family), fallback_to_default=False
+        )
+    except ValueError:
+        return None
+    return frozenset(FT2Font(path).get_charmap())
+
+
+def font_families(tokens: Sequence[str]) -> list[str]:
+    """Font families that together cover the tokens' characters, DejaVu Sans first.
+
+    Warns naming the characters no installed font covers; those draw as empty boxes.
+    """
+    missing = {ord(c) for t in tokens for c in t if not c.isspace()}
+    missing -= _font_chars("DejaVu Sans") or frozenset()  # matplotlib ships DejaVu Sans
+    families = ["DejaVu Sans"]
+    for family in _FALLBACK_FONTS:
+        if not missing:
+            break
+        covered = _font_chars(family)
+        if covered is not None and missing & covered:
+            families.append(family)
+            missing -= covered
+    if missing:
+        chars = "".join(chr(c) for c in sorted(missing))
+        warnings.warn(
+            f"no installed font has glyphs for {chars!r}; they will draw as boxes. "
+            "Install a font that covers them (Debian: fonts-noto-cjk, fonts-noto-core); "
+            "if it is installed, delete matplotlib's font cache (~/.cache/matplotlib).",
+            stacklevel=3,  # the caller of plot_attention
+        )
+    return families
+
+
+# --- PNG / SVG ---------------------------------------------------------------------------
+
+
+def _select_panels(
+    w: np.ndarray, layers: Sequence[int] | None, heads: HeadSelection
+) -> list[list[tuple[int, str, np.ndarray]]]:
+    """Rows of (layer number, head label, (Tq, Tk) map) to draw."""
+    n_layers, n_heads = w.shape[:2]
+    layers = list(range(1, n_layers + 1)) if layers is None else list(layers)
+    if not layers or any(not 1 <= layer <= n_layers for layer in layers):
+        raise ValueError(f"layers are numbered 1..{n_layers}, got {layers}")
+    if heads == "mean":
+        return [[(layer, "mean", w[layer - 1].mean(axis=0)) for layer in layers]]
+    if heads == "all":
+        return [
+            [(layer, str(h + 1), w[layer - 1, h]) for h in range(n_heads)]
+            + [(layer, "mean", w[layer - 1].mean(axis=0))]
+            for layer in layers
+        ]
+    if isinstance(heads, int) and not isinstance(heads, bool) and 1 <= heads <= n_heads:
+        return [[(layer, str(heads), w[layer - 1, heads - 1]) for layer in layers]]
+    raise ValueError(f'heads must be "mean", "all" or a head number 1..{n_heads}, got {heads!r}')
+
+
+def _draw_panel(
+    fig: Figure,
+    origin_in: tuple[float, float],
+    map_in: tuple[float, float],
+    attn: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    title: str,
+    fonts: list[str],
+) -> None:
+    """One heatmap with its tick labels, entropy and mass bars, and colour bar.
+
+    ``origin_in`` is the panel's top-left corner in inches from the figure's top-left.
+    """
+    fig_w, fig_h = fig.get_size_inches()
+    tq, tk = attn.shape
+
+    def rect(x: float, top: float, width: float, height: float) -> list[float]:
+        return [x / fig_w, (fig_h - top - height) / fig_h, width / fig_w, height / fig_h]
+
+    x0, top = origin_in[0] + _LEFT_IN, origin_in[1] + _PANEL_TITLE_IN
+    map_w, map_h = map_in
+    stats = attention_stats(attn, src_tokens)
+
+    ax = fig.add_axes(rect(x0, top, map_w, map_h))
+    image = ax.imshow(
+        attn,
+        cmap="viridis",
+        vmin=0.0,
+        vmax=max(attn.max(), 1e-9),
+        aspect="auto",
+        interpolation="nearest",
+    )
+    # Above the map and its side bars together: the stats line is wider than a small map.
+    fig.text(x0 / fig_w, 1 - (origin_in[1] + 0.125) / fig_h, title, fontsize=8, va="top")
+    fig.text(
+        x0 / fig_w,
+        1 - (origin_in[1] + 0.3) / fig_h,
+        _stats_line(stats),
+        fontsize=7,
+        color="0.25",
+        va="top",
+    )
+    x_ticks = range(0, tk, _label_step(tk, map_w))
+    y_ticks = range(0, tq, _label_step(tq, map_h))
+    ax.set_xticks(
+        x_ticks,
+        [_short(src_tokens[j]) for j in x_ticks],
+        rotation=90,
+        fontsize=_TICK_PT,
+        fontfamily=fonts,
+    )
+    ax.set_yticks(
+        y_ticks, [_short(tgt_tokens[i]) for i in y_ticks], fontsize=_TICK_PT, fontfamily=fonts
+    )
+    ax.set_xlabel("source (keys)", fontsize=_TICK_PT)
+    ax.set_ylabel("target (queries)", fontsize=_TICK_PT)
+
+    rows = np.arange(tq)
+    entropy_ax = fig.add_axes(rect(x0 + map_w + 0.125, top, 0.5, map_h), sharey=ax)
+    entropy_ax.barh(rows, stats["row_entropy"], height=0.8, color="0.45")
+    entropy_ax.set_xlim(0, max(math.log2(tk), 1e-9))
+    entropy_ax.set_title("entropy\n(bits)", fontsize=6)
+
+    mass_ax = fig.add_axes(rect(x0 + map_w + 0.875, top, 0.5, map_h), sharey=ax)
+    eos, punct = np.array(stats["eos_mass"]), np.array(stats["punct_mass"])
+    mass_ax.barh(rows, eos, height=0.8, color="tab:red", label="EOS")
+    mass_ax.barh(rows, punct, left=eos, height=0.8, color="tab:orange", label="punct")
+    mass_ax.set_xlim(0, 1)
+    mass_ax.set_title("mass on\nEOS, punct", fontsize=6)
+    legend_at_in = (x0 + map_w + 1.125, top + map_h + 0.35)  # just under the x tick labels
+    mass_ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(legend_at_in[0] / fig_w, 1 - legend_at_in[1] / fig_h),
+        bbox_transform=fig.transFigure,
+        fontsize=6,
+        frameon=False,
+        handlelength=1,
+        handletextpad=0.4,
+    )
+
+    for side_ax in (entropy_ax, mass_ax):
+        side_ax.tick_params(axis="y", left=False, labelleft=False)
+        side_ax.tick_params(axis="x", labelsize=6)
+
+    cbar_ax = fig.add_axes(rect(x0 + map_w + 1.625, top, 0.125, map_h))
+    colorbar = fig.colorbar(image, cax=cbar_ax)
+    colorbar.ax.tick_params(labelsize=6)
+    colorbar.set_label("weight", fontsize=6)
+
+
+def plot_attention(
+    weights: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | Path,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: HeadSelection = "mean",
+    title: str = "",
+    dpi: int = 100,
+    fmt: str | None = None,
+) -> Path:
+    """Draw cross-attention heatmaps to a PNG or SVG file and return its path.
+
+    ``layers`` picks layer numbers (1-based; None = all). ``heads="mean"`` draws one
+    panel per layer, averaged over heads; an int draws that head (1-based) of each layer;
+    ``"all"`` draws a grid, a row per layer, a column per head plus a head-mean column.
+    The format comes from ``fmt`` or the path's suffix. Size: see ``figure_size``.
+
+    Shapes:
+        weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
+    """
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in ("png", "svg"):
+        raise ValueError(f"format must be png or svg, got {fmt!r} (from fmt= or the suffix)")
+    w = _check_weights(weights, src_tokens, tgt_tokens)
+    panels = _select_panels(w, layers, heads)
+    tq, tk = w.shape[2:]
+    n_rows, n_cols = len(panels), len(panels[0])
+    fonts = font_families([*src_tokens, *tgt_tokens, title])
+
+    fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk), dpi=dpi)
+    FigureCanvasAgg(fig)
+    map_in = _map_size(n_rows, n_cols, tq, tk)
+    panel_w = _LEFT_IN + map_in[0] + _SIDE_IN
+    panel_h = _PANEL_TITLE_IN + map_in[1] + _BOTTOM_IN
+    for r, row in enumerate(panels):
+        for c, (layer, head, attn) in enumerate(row):
+            origin = (c * panel_w, _SUPTITLE_IN + r * panel_h)
+            label = _panel_title(layer, head, tq, tk)
+            _draw_panel(fig, origin, map_in, attn, src_tokens, tgt_tokens, label, fonts)
+
+    fig_w, fig_h = fig.get_size_inches()
+    if title:
+        fig.text(
+            0.5, 1 - 0.25 / fig_h, title, ha="center", va="center", fontsize=10, fontfamily=fonts
+        )
+    # ~0.5 em per character at 8 pt decides where the caption wraps.
+    caption = textwrap.fill(CAPTION, width=max(40, int(fig_w * 72 / 4.4)))
+    caption_y = (_CAPTION_IN / 2) / fig_h
+    fig.text(0.5, caption_y, caption, ha="center", va="center", fontsize=8, color="0.25")
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=fig.bbox_inches)
+    return path
+
+
+# --- JSON --------------------------------------------------------------------------------
+
+
+def write_attention_json(
+    weights: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | Path,
+    *,
+    translation: str,
+    stop_reason: str,
+    extra: dict | None = None,
+) -> Path:
+    """Write tokens, weights (rounded to 6 digits), translation and stop reason as JSON.
+
+    Keys: src_tokens, tgt_tokens, translation, stop_reason, shape [L, H, Tq, Tk],
+    weights (nested lists in that shape), caption, metadata (``extra``, or {}).
+
+    Shapes:
+        weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
+    """
+    w = _check_weights(weights, src_tokens, tgt_tokens)
+    record = {
+        "src_tokens": list(src_tokens),
+        "tgt_tokens": list(tgt_tokens),
+        "translation": translation,
+        "stop_reason": stop_reason,
+        "shape": list(w.shape),
+        "weights": np.round(w, 6).tolist(),
+        "caption": CAPTION,
+        "metadata": dict(extra or {}),
+    }
+    return atomic_write_text(Path(path), json.dumps(record, ensure_ascii=False) + "\n")
+
+
+# --- HTML --------------------------------------------------------------------------------
+
+
+def _html_data(
+    w: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str]
+) -> list[list[dict]]:
+    """For each layer, one map per head then the head mean: weights, title and stats."""
+    n_layers, n_heads, tq, tk = w.shape
+    layers = []
+    for layer in range(n_layers):
+        heads = [(str(h + 1), w[layer, h]) for h in range(n_heads)]
+        heads.append(("mean", w[layer].mean(axis=0)))
+        maps = []
+        for head, attn in heads:
+            stats = attention_stats(attn, src_tokens)
+            maps.append(
+                {
+                    "title": _panel_title(layer + 1, head, tq, tk),
+                    "summary": _stats_line(stats),
+                    "weights": np.round(attn, 4).tolist(),
+                    "vmax": float(attn.max()),
+                    "entropy": np.round(stats["row_entropy"], 3).tolist(),
+                    "eos": np.round(stats["eos_mass"], 3).tolist(),
+                    "punct": np.round(stats["punct_mass"], 3).tolist(),
+                }
+            )
+        layers.append(maps)
+    return layers
+
+
+def write_attention_html(
+    weights: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    path: str | Path,
+    *,
+    translation: str = "",
+    stop_reason: str = "",
+    title: str = "",
+) -> Path:
+    """Write one self-contained HTML page (no network) to browse every layer and head.
+
+    A layer and a head selector (heads include "mean") pick the map; hovering a cell shows
+    its source token, target token and weight. The URL hash ``#layer=2&head=3`` (or
+    ``head=mean``) opens a given map through the same code path as the selectors. Once
+    drawn, ``<body data-status>`` is "ok", or "error: ..." if a script failed.
+
+    Shapes:
+        weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
+    """
+    w = _check_weights(weights, src_tokens, tgt_tokens)
+    data = {
+        "src": list(src_tokens),
+        "tgt": list(tgt_tokens),
+        "n_heads": w.shape[1],
+        "layers": _html_data(w, src_tokens, tgt_tokens),
+    }
+    # "<" only occurs inside JSON strings, where \u003c means the same; this keeps a token
+    # such as "</script>" from closing the script element.
+    data_json = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    page_title = title or "Cross-attention"
+    page = (
+        _HTML_TEMPLATE.replace("%TITLE%", html.escape(page_title))
+        .replace("%TRANSLATION%", html.escape(translation))
+        .replace("%STOP_REASON%", html.escape(stop_reason))
+        .replace("%CAPTION%", html.escape(CAPTION))
+        .replace("%DATA%", data_json)
+    )
+    return atomic_write_text(Path(path), page)
+
+
+_HTML_TEMPLATE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>%TITLE%</title>
+<style>
+body { font-family: "DejaVu Sans", "Noto Sans", "Noto Sans CJK SC", sans-serif;
+       margin: 1.5em; color: #222; }
+.caption { font-style: italic; color: #555; max-width: 60em; }
+.controls { margin: 0.8em 0; }
+.controls label { margin-right: 1em; }
+#map-summary { color: #444; font-size: 0.9em; margin: 0.3em 0 0.8em; }
+.scroll { overflow: auto; max-height: 80vh; border: 1px solid #ddd; display: inline-block; }
+table.attn { border-collapse: collapse; font-size: 11px; }
+table.attn td.w { width: 14px; min-width: 14px; height: 14px; padding: 0; }
+table.attn td.w:hover { outline: 2px solid #e33; }
+table.attn th { font-weight: normal; white-space: nowrap; padding: 0 4px; }
+table.attn thead th.src { writing-mode: vertical-rl; transform: rotate(180deg);
+                          text-align: left; padding: 4px 0; }
+table.attn th.tgt { text-align: right; }
+table.attn td.num { padding: 0 6px; text-align: right; font-variant-numeric: tabular-nums;
+                    color: #333; }
+table.attn td.sep { width: 10px; }
+#tooltip { position: fixed; pointer-events: none; background: #fff; border: 1px solid #999;
+           padding: 3px 6px; font-size: 12px; display: none; box-shadow: 1px 1px 3px #aaa; }
+.legend { display: inline-flex; align-items: center; gap: 0.5em; font-size: 0.85em; }
+.legend span.bar { width: 160px; height: 12px; display: inline-block; }
+#note { color: #a00; }
+</style>
+</head>
+<body data-status="loading">
+<h1>%TITLE%</h1>
+<p>Translation: <b id="translation">%TRANSLATION%</b> &middot;
+   stop reason: <span id="stop-reason">%STOP_REASON%</span></p>
+<p class="caption">%CAPTION%</p>
+<noscript>This page draws its heatmap with JavaScript; please enable it.</noscript>
+<div class="controls">
+  <label>Layer <select id="layer-select"></select></label>
+  <label>Head <select id="head-select"></select></label>
+  <span class="legend">0 <span class="bar" id="legend-bar"></span>
+    <span id="legend-max"></span></span>
+</div>
+<p id="note"></p>
+<h2 id="map-title"></h2>
+<p id="map-summary"></p>
+<div class="scroll"><table class="attn" id="attn-table"></table></div>
+<div id="tooltip"></div>
+<script type="application/json" id="attention-data">%DATA%</script>
+<script>
+"use strict";
+window.onerror = function (message) {
+  document.body.setAttribute("data-status", "error: " + message);
+};
+(function () {
+  const DATA = JSON.parse(document.getElementById("attention-data").textContent);
+  const nLayers = DATA.layers.length;
+  const nHeads = DATA.n_heads;
+  const layerSelect = document.getElementById("layer-select");
+  const headSelect = document.getElementById("head-select");
+  const table = document.getElementById("attn-table");
+  const tooltip = document.getElementById("tooltip");
+  // viridis at 0, 1/4, 1/2, 3/4, 1
+  const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+
+  function colour(t) {
+    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1);
+    const i = Math.min(Math.floor(x), STOPS.length - 2);
+    const f = x - i;
+    const c = STOPS[i].map((v, k) => Math.round(v + f * (STOPS[i + 1][k] - v)));
+    return "rgb(" + c.join(",") + ")";
+  }
+
+  function option(select, value, text) {
+    const o = document.createElement("option");
+    o.value = value;
+    o.textContent = text;
+    select.appendChild(o);
+  }
+  for (let l = 1; l <= nLayers; l++) option(layerSelect, String(l), String(l));
+  for (let h = 1; h <= nHeads; h++) option(headSelect, String(h), String(h));
+  option(headSelect, "mean", "mean");
+  document.getElementById("legend-bar").style.background =
+    "linear-gradient(to right," + STOPS.map((c) => "rgb(" + c.join(",") + ")").join(",") + ")";
+
+  function cell(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined) e.textContent = text;
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function draw(map) {
+    document.getElementById("map-title").textContent = map.title;
+    document.getElementById("map-summary").textContent = map.summary;
+    document.getElementById("legend-max").textContent = map.vmax.toFixed(3);
+    table.textContent = "";
+    const head = document.createElement("thead");
+    const top = document.createElement("tr");
+    top.appendChild(cell("th", "target \\u2193 / source \\u2192"));
+    DATA.src.forEach((t) => top.appendChild(cell("th", t, "src")));
+    top.appendChild(cell("td", "", "sep"));
+    ["entropy (bits)", "EOS mass", "punct mass"].forEach((t) => top.appendChild(cell("th", t)));
+    head.appendChild(top);
+    table.appendChild(head);
+    const body = document.createElement("tbody");
+    const scale = map.vmax > 0 ? map.vmax : 1;
+    map.weights.forEach((row, i) => {
+      const tr = document.createElement("tr");
+      tr.appendChild(cell("th", DATA.tgt[i], "tgt"));
+      row.forEach((v, j) => {
+        const td = cell("td", undefined, "w");
+        td.style.background = colour(v / scale);
+        td.dataset.i = i;
+        td.dataset.j = j;
+        td.dataset.w = v;
+        tr.appendChild(td);
+      });
+      tr.appendChild(cell("td", "", "sep"));
+      [map.entropy[i].toFixed(2), map.eos[i].toFixed(2), map.punct[i].toFixed(2)].forEach(
+        (t) => tr.appendChild(cell("td", t, "num")));
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+  }
+
+  // The one entry point for a selection, from the selectors and from the URL hash alike.
+  function select(layer, head) {
+    const l = parseInt(layer, 10);
+    const h = head === "mean" ? nHeads : parseInt(head, 10) - 1;
+    if (!(l >= 1 && l <= nLayers && h >= 0 && h <= nHeads)) {
+      document.getElementById("note").textContent =
+        "No map for layer " + layer + ", head " + head + "; showing layer 1, head mean.";
+      return select("1", "mean");
+    }
+    layerSelect.value = String(l);
+    headSelect.value = h === nHeads ? "mean" : String(h + 1);
+    draw(DATA.layers[l - 1][h]);
+    document.body.setAttribute("data-layer", layerSelect.value);
+    document.body.setAttribute("data-head", headSelect.value);
+    history.replaceState(null, "", "#layer=" + layerSelect.value + "&head=" + headSelect.value);
+  }
+
+  function selectFromHash() {
+    const params = new URLSearchParams(location.hash.replace(/^#/, ""));
+    select(params.get("layer") || "1", params.get("head") || "mean");
+  }
+
+  function onSelectorChange() {
+    document.getElementById("note").textContent = "";
+    select(layerSelect.value, headSelect.value);
+  }
+  layerSelect.addEventListener("change", onSelectorChange);
+  headSelect.addEventListener("change", onSelectorChange);
+  window.addEventListener("hashchange", selectFromHash);
+
+  table.addEventListener("mousemove", (event) => {
+    const td = event.target.closest("td.w");
+    if (!td) { tooltip.style.display = "none"; return; }
+    const i = +td.dataset.i, j = +td.dataset.j;
+    tooltip.textContent = "source " + j + ": " + DATA.src[j] + "  \\u00b7  target " + i + ": " +
+      DATA.tgt[i] + "  \\u00b7  weight " + Number(td.dataset.w).toFixed(4);
+    tooltip.style.left = (event.clientX + 14) + "px";
+    tooltip.style.top = (event.clientY + 14) + "px";
+    tooltip.style.display = "block";
+  });
+  table.addEventListener("mouseleave", () => { tooltip.style.display = "none"; });
+
+  selectFromHash();
+  document.body.setAttribute("data-status", "ok");
+})();
+</script>
+</body>
+</html>
+"""
