@@ -1,0 +1,661 @@
+"""Corpora to pairs, pairs to subword ids, ids to token-bucketed batches.
+
+``--data`` names one of: a registry name (``data/corpora.yaml``), a folder of line-aligned
+``{split}.{lang}[.gz]`` files (the Multi30k layout), a TSV file or folder of TSV files, a
+local folder of JSON-lines/Parquet files with the Hub's schema, or a Hugging Face Hub id.
+Every problem with the data is a one-line ``Seq2SeqError`` or a counted skip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import os
+import random
+import re
+import socket
+import tempfile
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from seq2seq.config import DataConfig
+from seq2seq.errors import Seq2SeqError
+from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+SPLITS = ("train", "validation", "test")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REGISTRY = REPO_ROOT / "data" / "corpora.yaml"
+# Where anything a run downloads or prepares goes; git-ignored.
+CACHE_DIR = Path(os.environ.get("SEQ2SEQ_CACHE", REPO_ROOT / "data" / "cache"))
+
+_VALIDATION_NAMES = ("validation", "valid", "val", "dev")  # in order of preference
+_LANG_CODE = re.compile(r"[a-z]{2,3}([_-][A-Za-z0-9]{2,4})?")
+_DATASETS_SUFFIXES = (".jsonl", ".json", ".parquet")
+_CARVE_SEED = 0  # carving is a property of the corpus, not of a run's seed
+_HUB_TIMEOUT_S = 3.0
+
+SplitReader = Callable[[], list[tuple[str, str]]]
+
+
+@dataclass
+class Corpus:
+    splits: dict[str, list[tuple[str, str]]]  # "train"/"validation"/"test" -> (src, tgt) pairs
+    dropped: dict[str, dict[str, int]]  # split -> reason -> count
+    source_description: str
+    notes: list[str] = field(default_factory=list)
+
+    def count_dropped(self, split: str, reason: str, n: int) -> None:
+        if n:
+            reasons = self.dropped.setdefault(split, {})
+            reasons[reason] = reasons.get(reason, 0) + n
+
+
+# ---------------------------------------------------------------------------------------
+# Reading sources: each reader returns a description and {split name: reader of pairs}.
+
+
+def _registry() -> dict[str, dict]:
+    if not REGISTRY.is_file():
+        return {}
+    return yaml.safe_load(REGISTRY.read_text(encoding="utf-8")) or {}
+
+
+def _is_split_name(name: str) -> bool:
+    return name == "train" or name in _VALIDATION_NAMES or name.startswith("test")
+
+
+def _check_languages(held: list[str], src: str, tgt: str, description: str) -> None:
+    for lang in (src, tgt):
+        if lang not in held:
+            raise Seq2SeqError(
+                f"{description} has no '{lang}' side; languages it holds: {', '.join(sorted(held))}"
+            )
+
+
+@lru_cache(maxsize=16)
+def _read_lines_cached(path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
+    raw = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError):
+            raise Seq2SeqError(f"{path} is not a valid gzip file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise Seq2SeqError(f"{path}: invalid UTF-8 on line {line}") from None
+    # split("\n"), not splitlines(): U+2028 and friends inside a sentence must not break alignment.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return tuple(line.rstrip("\r") for line in lines)
+
+
+def _read_lines(path: Path) -> tuple[str, ...]:
+    """The lines of a plain or gzipped UTF-8 file, cached while the file is unchanged."""
+    stat = path.stat()
+    return _read_lines_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+def _parallel_files(folder: Path) -> dict[str, dict[str, Path]]:
+    """``{split}.{lang}`` / ``{split}.{lang}.gz`` files of a folder: split -> lang -> path."""
+    found: dict[str, dict[str, Path]] = {}
+    for path in sorted(folder.iterdir()):
+        name = path.name.removesuffix(".gz")
+        split, _, lang = name.rpartition(".")
+        if path.is_file() and _is_split_name(split) and _LANG_CODE.fullmatch(lang):
+            found.setdefault(split, {}).setdefault(lang, path)
+    return found
+
+
+def _read_parallel_folder(folder: Path, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+    description = f"parallel text files in {folder}"
+    files = _parallel_files(folder)
+    _check_languages(
+        sorted({lang for langs in files.values() for lang in langs}), src, tgt, description
+    )
+
+    def reader(src_path: Path, tgt_path: Path) -> SplitReader:
+        def read() -> list[tuple[str, str]]:
+            src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
+            if len(src_lines) != len(tgt_lines):
+                raise Seq2SeqError(
+                    f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}"
+                )
+            return list(zip(src_lines, tgt_lines, strict=True))
+
+        return read
+
+    readers = {
+        split: reader(langs[src], langs[tgt])
+        for split, langs in files.items()
+        if src in langs and tgt in langs
+    }
+    return description, readers
+
+
+def _tsv_columns(path: Path, src: str, tgt: str) -> tuple[list[str], int]:
+    """The language columns of a TSV file and the number of header lines (0 or 1)."""
+    lines = _read_lines(path)
+    first = lines[0].split("\t") if lines else []
+    has_header = (src in first and tgt in first) or (
+        len(first) >= 2 and all(_LANG_CODE.fullmatch(cell.strip()) for cell in first)
+    )
+    if has_header:
+        return [cell.strip() for cell in first], 1
+    return [src, tgt], 0
+
+
+def _read_tsv(path: Path, src: str, tgt: str) -> list[tuple[str, str]]:
+    columns, n_header = _tsv_columns(path, src, tgt)
+    i, j = columns.index(src), columns.index(tgt)
+    pairs = []
+    for number, line in enumerate(_read_lines(path)[n_header:], start=n_header + 1):
+        if not line.strip():
+            pairs.append(("", ""))  # counted with the other empty pairs
+            continue
+        cells = line.split("\t")
+        if len(cells) != len(columns):
+            raise Seq2SeqError(
+                f"{path}: line {number} has {len(cells)} tab-separated columns, expected {len(columns)}"
+            )
+        pairs.append((cells[i], cells[j]))
+    return pairs
+
+
+def _read_tsv_source(path: Path, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+    if path.is_file():
+        files = {"train": path}
+        description = f"TSV file {path}"
+    else:
+        files = {
+            p.name.removesuffix(".tsv"): p
+            for p in sorted(path.glob("*.tsv"))
+            if _is_split_name(p.name.removesuffix(".tsv"))
+        }
+        description = f"TSV files in {path}"
+    if "train" in files:
+        _check_languages(_tsv_columns(files["train"], src, tgt)[0], src, tgt, description)
+    return description, {split: (lambda p=p: _read_tsv(p, src, tgt)) for split, p in files.items()}
+
+
+def _local_alternatives(name: str) -> list[str]:
+    """Local folders to suggest when the Hub cannot be reached, from the registry."""
+    own_first = sorted(
+        _registry().items(), key=lambda item: name not in (item[0], item[1].get("hub_id"))
+    )
+    found = []
+    for _, entry in own_first:
+        for copy in entry.get("local_copies", []) + ([entry["path"]] if "path" in entry else []):
+            for base in (REPO_ROOT, Path.cwd()):
+                if (base / copy).is_dir():
+                    found.append(f"--data {os.path.relpath((base / copy).resolve())}")
+                    break
+    return list(dict.fromkeys(found))
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached, or None; a quick probe instead of datasets' retries."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    proxied = any(
+        os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    )
+    if offline or proxied:
+        return None  # cache-only or behind a proxy: datasets decides, and fails fast offline
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=_HUB_TIMEOUT_S).close()
+    except OSError as e:
+        return str(e) or type(e).__name__
+    return None
+
+
+def _read_datasets(
+    name: str, src: str, tgt: str, local: bool
+) -> tuple[str, dict[str, SplitReader]]:
+    """A Hub dataset (or a local folder in its schema) through Hugging Face ``datasets``.
+
+    Languages are either columns named by code (``bentrevett/multi30k``) or keys of a
+    ``translation`` column (the WMT datasets).
+    """
+    description = f"local dataset folder {name}" if local else f"Hub dataset {name}"
+    copies = [] if local else _local_alternatives(name)
+    alternatives = "; try a local copy: " + " or ".join(copies) if copies else ""
+    if not local and (reason := _hub_unreachable()):
+        raise Seq2SeqError(
+            f"cannot reach the Hugging Face Hub for '{name}' ({reason}){alternatives}"
+        )
+    import datasets  # slow to import; only this source needs it
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        loaded = datasets.load_dataset(name, cache_dir=str(CACHE_DIR / "huggingface"))
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise Seq2SeqError(f"could not load {description}: {message}{alternatives}") from None
+    first = next(iter(loaded.values()))
+    nested = "translation" in first.column_names
+    held = list(first[0]["translation"]) if nested and len(first) else first.column_names
+    _check_languages(held, src, tgt, description)
+
+    def reader(split: str) -> SplitReader:
+        def read() -> list[tuple[str, str]]:
+            table = loaded[split]
+            if nested:
+                return [(row[src] or "", row[tgt] or "") for row in table["translation"]]
+            return [(s or "", t or "") for s, t in zip(table[src], table[tgt], strict=True)]
+
+        return read
+
+    return description, {split: reader(split) for split in loaded}
+
+
+def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+    registry = _registry()
+    if data in registry:
+        entry = registry[data]
+        if "path" in entry:
+            data = str(REPO_ROOT / entry["path"])
+        else:
+            description, readers = _read_datasets(entry["hub_id"], src, tgt, local=False)
+            return f"{description} ('{data}' in the registry)", readers
+    path = Path(data).expanduser()
+    if path.is_file():
+        if path.suffix != ".tsv":
+            raise Seq2SeqError(f"{path}: a data file must be .tsv (a folder holds other formats)")
+        return _read_tsv_source(path, src, tgt)
+    if path.is_dir():
+        if any(path.glob("*.tsv")):
+            return _read_tsv_source(path, src, tgt)
+        if _parallel_files(path):
+            return _read_parallel_folder(path, src, tgt)
+        if any(p.suffix in _DATASETS_SUFFIXES for p in path.iterdir()):
+            return _read_datasets(str(path), src, tgt, local=True)
+        raise Seq2SeqError(
+            f"{path} holds no corpus: expected {{split}}.{{lang}}[.gz] files, *.tsv, or *.jsonl/*.parquet"
+        )
+    if path.parent.is_dir() and str(path.parent) != ".":
+        raise Seq2SeqError(f"--data {data}: no such file or folder")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", data):
+        return _read_datasets(data, src, tgt, local=False)
+    names = ", ".join(sorted(registry)) or "none"
+    raise Seq2SeqError(
+        f"--data '{data}' is not a file, a folder, a Hub id (owner/name) or a known corpus ({names})"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Splits: naming, empty pairs, carving.
+
+
+def _choose_splits(names: list[str], test_split: str | None, description: str) -> dict[str, str]:
+    """Canonical split -> the source's split name, for the splits the source has."""
+    listed = ", ".join(sorted(names)) or "none"
+    if "train" not in names:
+        raise Seq2SeqError(
+            f"{description} has no train split for this pair; splits it has: {listed}"
+        )
+    chosen = {"train": "train"}
+    validation = [n for n in _VALIDATION_NAMES if n in names]
+    if validation:
+        chosen["validation"] = validation[0]
+    if test_split is not None:
+        if test_split not in names:
+            raise Seq2SeqError(
+                f"{description} has no split '{test_split}'; splits it has: {listed}"
+            )
+        chosen["test"] = test_split
+    else:
+        tests = sorted(n for n in names if n.startswith("test"))
+        if len(tests) > 1:
+            raise Seq2SeqError(
+                f"{description} has several test splits ({', '.join(tests)}); choose one with --test-split"
+            )
+        if tests:
+            chosen["test"] = tests[0]
+    return chosen
+
+
+def _carve(corpus: Corpus, carve_valid: int, carve_test: int) -> None:
+    """Take missing validation/test splits off train, the same pairs every time."""
+    train = corpus.splits["train"]
+    wanted = {
+        s: n
+        for s, n in (("validation", carve_valid), ("test", carve_test))
+        if s not in corpus.splits
+    }
+    if not wanted:
+        return
+    order = list(range(len(train)))
+    random.Random(_CARVE_SEED).shuffle(order)
+    taken = 0
+    for split, n in wanted.items():
+        n_taken = min(n, len(train) // 10)  # train keeps at least 80% of a small corpus
+        corpus.splits[split] = [train[i] for i in order[taken : taken + n_taken]]
+        taken += n_taken
+        cap = f" ({n} asked; train had {len(train)} pairs)" if n_taken < n else ""
+        corpus.notes.append(f"carved {n_taken} {split} pairs off train{cap}")
+    kept = sorted(order[taken:])
+    corpus.splits["train"] = [train[i] for i in kept]
+
+
+def load_corpus(
+    data: str,
+    src: str,
+    tgt: str,
+    test_split: str | None = None,
+    carve_valid: int = 1000,
+    carve_test: int = 1000,
+) -> Corpus:
+    """Read the ``src``-``tgt`` pairs of train, validation and test; drop and count empty pairs."""
+    if src == tgt:
+        raise Seq2SeqError(f"--src and --tgt are both '{src}'; choose two languages")
+    description, readers = _read_source(data, src, tgt)
+    chosen = _choose_splits(list(readers), test_split, description)
+    corpus = Corpus(splits={}, dropped={}, source_description=f"{description}, {src}-{tgt}")
+    for split, name in chosen.items():
+        pairs = [(s.strip(), t.strip()) for s, t in readers[name]()]
+        corpus.splits[split] = [(s, t) for s, t in pairs if s and t]
+        corpus.count_dropped(split, "empty", len(pairs) - len(corpus.splits[split]))
+        if name != split:
+            corpus.notes.append(f"{split} split is '{name}'")
+    _carve(corpus, carve_valid, carve_test)
+    return corpus
+
+
+def encode_pairs(
+    pairs: list[tuple[str, str]], tokenizer: Tokenizer, max_len: int | None
+) -> tuple[list[list[int]], list[list[int]], int]:
+    """Subword ids of both sides; pairs with either side over ``max_len`` subwords are dropped.
+
+    Returns the source ids, the target ids and the number of pairs dropped for length.
+    """
+    src_ids = tokenizer.encode_batch([s for s, _ in pairs], "src")
+    tgt_ids = tokenizer.encode_batch([t for _, t in pairs], "tgt")
+    if max_len is None:
+        return src_ids, tgt_ids, 0
+    kept = [
+        i for i in range(len(pairs)) if len(src_ids[i]) <= max_len and len(tgt_ids[i]) <= max_len
+    ]
+    return [src_ids[i] for i in kept], [tgt_ids[i] for i in kept], len(pairs) - len(kept)
+
+
+# ---------------------------------------------------------------------------------------
+# Batches.
+
+
+class TokenBatchSampler:
+    """Batches of similar-length pairs holding at most ``max_tokens`` per side, padding included.
+
+    A batch of ``B`` pairs obeys ``max(B * S_max, B * T_max) <= max_tokens``; a single pair
+    longer than that gets a batch of its own. Each epoch every pair appears exactly once;
+    ties in length and the batch order are shuffled from ``(seed, epoch)``, so a resumed
+    run can rebuild an epoch and skip the batches it has done.
+    """
+
+    def __init__(
+        self,
+        src_lengths: list[int],
+        tgt_lengths: list[int],
+        max_tokens: int,
+        seed: int,
+        shuffle: bool = True,
+    ):
+        if len(src_lengths) != len(tgt_lengths):
+            raise ValueError(
+                f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths"
+            )
+        if max_tokens < 1:
+            raise Seq2SeqError(f"max_tokens must be positive, got {max_tokens}")
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        order = (
+            rng.permutation(len(self.src_lengths))
+            if self.shuffle
+            else np.arange(len(self.src_lengths))
+        )
+        # Stable sort by the longer side (what the bound is on), then source, then target
+        # length: the shuffle above only breaks ties. Padding on Multi30k: 4%.
+        src, tgt = self.src_lengths[order], self.tgt_lengths[order]
+        order = order[np.lexsort((tgt, src, np.maximum(src, tgt)))]
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        s_max = t_max = 0
+        for i in order.tolist():
+            s, t = max(s_max, self.src_lengths[i]), max(t_max, self.tgt_lengths[i])
+            if batch and (len(batch) + 1) * max(s, t) > self.max_tokens:
+                batches.append(batch)
+                batch, s, t = [], self.src_lengths[i], self.tgt_lengths[i]
+            batch.append(i)
+            s_max, t_max = s, t
+        if batch:
+            batches.append(batch)
+        if self.shuffle:
+            rng.shuffle(batches)
+        return batches
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """Padding slots over all slots of the batch tensors, both sides together."""
+        slots = real = 0
+        for batch in self.batches(epoch):
+            s, t = self.src_lengths[batch], self.tgt_lengths[batch]
+            slots += len(batch) * (int(s.max()) + int(t.max()))
+            real += int(s.sum()) + int(t.sum())
+        return 1.0 - real / slots if slots else 0.0
+
+
+@dataclass
+class Batch:
+    """Padded id tensors of one batch.
+
+    Shapes:
+        src: (B, S), ids + EOS; tgt_in: (B, T), BOS + ids; tgt_out: (B, T), ids + EOS.
+        All right-padded with PAD; the target tensors are None when there is no target.
+    """
+
+    src: torch.Tensor
+    tgt_in: torch.Tensor | None = None
+    tgt_out: torch.Tensor | None = None
+    n_tgt_tokens: int = 0  # non-pad positions of tgt_out: what the loss is averaged over
+
+    def to(self, device: torch.device | str) -> Batch:
+        def move(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.to(device, non_blocking=True)
+
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tgt_tokens)
+
+
+def _pad(rows: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None) -> Batch:
+    src = _pad([ids + [EOS_ID] for ids in src_ids])  # (B, S)
+    if tgt_ids is None:
+        return Batch(src)
+    tgt_in = _pad([[BOS_ID] + ids for ids in tgt_ids])  # (B, T)
+    tgt_out = _pad([ids + [EOS_ID] for ids in tgt_ids])  # (B, T)
+    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
+
+
+# ---------------------------------------------------------------------------------------
+# The corpus report of ``seq2seq data``.
+
+
+def _percentiles(lengths: list[int]) -> dict[str, int]:
+    """Nearest-rank percentiles."""
+    ordered = sorted(lengths) or [0]
+    ranks = {f"p{q}": ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)] for q in (50, 90, 99)}
+    return {**ranks, "max": ordered[-1]}
+
+
+def data_report(
+    corpus: Corpus,
+    tokenizer: Tokenizer,
+    max_len: int | None = 100,
+    max_tokens: int = 4096,
+    seed: int = 1,
+) -> tuple[dict, str]:
+    """Pairs, subword tokens and length percentiles per split and side, dropped pairs by
+    reason, and the padding of the training batches; as a JSON-ready dict and as text."""
+    dropped = {split: dict(reasons) for split, reasons in corpus.dropped.items()}
+    splits = {}
+    train_lengths: tuple[list[int], list[int]] = ([], [])
+    for split, pairs in corpus.splits.items():
+        src_ids, tgt_ids, n_long = encode_pairs(
+            pairs, tokenizer, max_len if split == "train" else None
+        )
+        if n_long:
+            dropped.setdefault(split, {})["too long"] = n_long
+        src_lengths, tgt_lengths = [len(x) for x in src_ids], [len(x) for x in tgt_ids]
+        splits[split] = {
+            "pairs": len(src_ids),
+            "src_tokens": sum(src_lengths),
+            "tgt_tokens": sum(tgt_lengths),
+            "src_lengths": _percentiles(src_lengths),
+            "tgt_lengths": _percentiles(tgt_lengths),
+        }
+        if split == "train":
+            train_lengths = (src_lengths, tgt_lengths)
+    # +1: the batch tensors hold EOS (source, target output) or BOS (target input).
+    sampler = TokenBatchSampler(
+        [n + 1 for n in train_lengths[0]], [n + 1 for n in train_lengths[1]], max_tokens, seed
+    )
+    n_batches = len(sampler.batches(0))
+    report = {
+        "source": corpus.source_description,
+        "notes": corpus.notes + tokenizer.notes,
+        "vocab": {
+            "joint": tokenizer.joint,
+            "src": tokenizer.src_vocab_size,
+            "tgt": tokenizer.tgt_vocab_size,
+        },
+        "max_len": max_len,
+        "splits": splits,
+        "dropped": dropped,
+        "batches": {
+            "max_tokens_per_side": max_tokens,
+            "train_batches": n_batches,
+            "mean_pairs_per_batch": round(len(train_lengths[0]) / max(n_batches, 1), 1),
+            "padding_fraction": round(sampler.padding_fraction(0), 4),
+        },
+    }
+    return report, format_report(report)
+
+
+def format_report(report: dict) -> str:
+    vocab = report["vocab"]
+    vocab_text = (
+        f"joint {vocab['src']}" if vocab["joint"] else f"src {vocab['src']}, tgt {vocab['tgt']}"
+    )
+    lines = [f"corpus: {report['source']}", f"subwords: {vocab_text}"]
+    lines += [f"note: {note}" for note in report["notes"]]
+    lines.append(
+        f"{'split':<11}{'pairs':>8}{'src tokens':>12}{'tgt tokens':>12}"
+        f"   src len p50/p90/p99/max   tgt len p50/p90/p99/max"
+    )
+    for split, s in report["splits"].items():
+        src_len = "/".join(str(v) for v in s["src_lengths"].values())
+        tgt_len = "/".join(str(v) for v in s["tgt_lengths"].values())
+        lines.append(
+            f"{split:<11}{s['pairs']:>8,}{s['src_tokens']:>12,}{s['tgt_tokens']:>12,}   {src_len:<26}{tgt_len}"
+        )
+    dropped = [
+        f"{split} {reason} {n:,}"
+        for split, reasons in report["dropped"].items()
+        for reason, n in reasons.items()
+    ]
+    limit = (
+        f", over {report['max_len']} subwords = too long" if report["max_len"] is not None else ""
+    )
+    lines.append(f"dropped: {'; '.join(dropped) or 'none'}{limit}")
+    b = report["batches"]
+    lines.append(
+        f"train batches: {b['train_batches']:,} of <= {b['max_tokens_per_side']:,} tokens per side, "
+        f"{b['mean_pairs_per_batch']} pairs on average, padding {b['padding_fraction']:.1%}"
+    )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------
+# Command line.
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    """The corpus options shared by ``data``, ``train`` and ``evaluate``."""
+    defaults = DataConfig()
+    parser.add_argument(
+        "--data",
+        default=defaults.data,
+        help="Hub id, registry name (data/corpora.yaml), folder of {split}.{lang}[.gz] files, "
+        "TSV file or folder (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--src", default=defaults.src, help="source language code (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--tgt", default=defaults.tgt, help="target language code (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--test-split",
+        default=defaults.test_split,
+        help="the split to use as test (default: the one named test*)",
+    )
+
+
+def run_data_command(args: argparse.Namespace) -> int:
+    """``seq2seq data``: load the corpus, tokenize it, print (and optionally save) the report."""
+    defaults = DataConfig()
+
+    def option(name: str):
+        value = getattr(args, name, None)
+        return getattr(defaults, name) if value is None else value
+
+    corpus = load_corpus(
+        args.data,
+        args.src,
+        args.tgt,
+        option("test_split"),
+        option("carve_valid"),
+        option("carve_test"),
+    )
+    if getattr(args, "tokenizer", None):
+        tokenizer = Tokenizer.load(args.tokenizer)
+    else:
+        train = corpus.splits["train"]
+        with tempfile.TemporaryDirectory() as scratch:
+            tokenizer = Tokenizer.train(
+                [s for s, _ in train],
+                [t for _, t in train],
+                Path(scratch),
+                vocab_size=option("vocab_size"),
+            )
+    report, text = data_report(corpus, tokenizer, option("max_len"), option("max_tokens"))
+    print(text)
+    if getattr(args, "out", None):
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"saved {out}")
+    return 0

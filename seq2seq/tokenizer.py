@@ -1,0 +1,192 @@
+"""SentencePiece subwords: training on the training split, encode/decode, fixed special ids.
+
+One model serves both sides when the vocabulary is joint (the default, so source, target
+and output embeddings can be one matrix); otherwise each side has its own. Byte fallback
+means no input is unrepresentable: a character never seen in training becomes its UTF-8
+bytes instead of ``<unk>``, and ``decode(encode(x))`` gives back the normalised ``x``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+
+import sentencepiece as spm
+
+from seq2seq.errors import Seq2SeqError
+
+# Fixed across every model this project trains, so batches and checkpoints agree on them.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_IDS = frozenset((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
+
+JOINT_FILE = "spm.model"
+SIDE_FILES = {"src": "spm_src.model", "tgt": "spm_tgt.model"}
+MODEL_TYPES = ("bpe", "unigram")
+
+# Plenty for a subword vocabulary; keeps training memory bounded on big corpora.
+_MAX_TRAINING_SENTENCES = 2_000_000
+
+
+def _train_model(texts: list[str], path: Path, vocab_size: int, model_type: str) -> list[str]:
+    """Train one SentencePiece model into ``path``; returns notes on any size adjustment.
+
+    SentencePiece refuses a vocabulary larger than the corpus supports, or smaller than its
+    characters plus the byte pieces need; both messages state the nearest valid size, and
+    the model is retrained at that size rather than failing on a small corpus.
+    """
+    notes: list[str] = []
+    size = vocab_size
+    for _ in range(3):
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(texts),
+                model_writer=model,
+                vocab_size=size,
+                model_type=model_type,
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                byte_fallback=True,
+                input_sentence_size=_MAX_TRAINING_SENTENCES,
+                shuffle_input_sentence=True,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
+        except RuntimeError as e:
+            too_high = re.search(r"Vocabulary size too high .*<= (\d+)", str(e))
+            too_low = re.search(r"smaller than required_chars\. \d+ vs (\d+)", str(e))
+            bound = too_high or too_low
+            if bound is None:
+                raise Seq2SeqError(
+                    f"SentencePiece training failed: {str(e).splitlines()[0]}"
+                ) from None
+            size = int(bound.group(1))
+            continue
+        path.write_bytes(model.getvalue())
+        if size != vocab_size:
+            notes.append(
+                f"vocabulary size {vocab_size} does not fit this corpus; {path.name} uses {size}"
+            )
+        return notes
+    raise Seq2SeqError(f"SentencePiece could not settle on a vocabulary size near {vocab_size}")
+
+
+def _load_model(path: Path) -> spm.SentencePieceProcessor:
+    if not path.is_file():
+        raise Seq2SeqError(f"tokenizer model not found: {path}")
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.load(str(path))
+    except (RuntimeError, OSError):
+        raise Seq2SeqError(f"{path} is not a SentencePiece model") from None
+    specials = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+    if specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+        raise Seq2SeqError(
+            f"{path} has special ids pad/unk/bos/eos = {specials}, expected {PAD_ID}/{UNK_ID}/{BOS_ID}/{EOS_ID}"
+        )
+    return processor
+
+
+class Tokenizer:
+    """Subword encoder for the source and target sides of one run.
+
+    ``encode`` adds no BOS/EOS (``data.collate`` does); ``decode`` stops at EOS and drops
+    the other specials.
+    """
+
+    def __init__(self, src: spm.SentencePieceProcessor, tgt: spm.SentencePieceProcessor):
+        self._models = {"src": src, "tgt": tgt}
+        self.notes: list[str] = []  # e.g. a vocabulary size the corpus could not fill
+
+    @classmethod
+    def train(
+        cls,
+        src_texts: list[str],
+        tgt_texts: list[str],
+        out_dir: Path,
+        vocab_size: int = 8000,
+        model_type: str = "bpe",
+        joint: bool = True,
+    ) -> Tokenizer:
+        """Train on training-split texts only and save into ``out_dir``."""
+        if model_type not in MODEL_TYPES:
+            raise Seq2SeqError(
+                f"unknown SentencePiece model type '{model_type}' (use bpe or unigram)"
+            )
+        if not src_texts or not tgt_texts:
+            raise Seq2SeqError("cannot train a tokenizer on an empty training split")
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if joint:
+            notes = _train_model(
+                src_texts + tgt_texts, out_dir / JOINT_FILE, vocab_size, model_type
+            )
+        else:
+            notes = _train_model(src_texts, out_dir / SIDE_FILES["src"], vocab_size, model_type)
+            notes += _train_model(tgt_texts, out_dir / SIDE_FILES["tgt"], vocab_size, model_type)
+        tokenizer = cls.load(out_dir)
+        tokenizer.notes = notes
+        return tokenizer
+
+    @classmethod
+    def load(cls, path: Path | str) -> Tokenizer:
+        """Load from a run directory (joint or per-side models) or a single ``.model`` file."""
+        path = Path(path)
+        if path.is_file():
+            model = _load_model(path)
+            return cls(model, model)
+        if (path / JOINT_FILE).is_file():
+            model = _load_model(path / JOINT_FILE)
+            return cls(model, model)
+        if (path / SIDE_FILES["src"]).is_file() or (path / SIDE_FILES["tgt"]).is_file():
+            return cls(_load_model(path / SIDE_FILES["src"]), _load_model(path / SIDE_FILES["tgt"]))
+        raise Seq2SeqError(
+            f"no tokenizer in {path}: expected {JOINT_FILE} or {SIDE_FILES['src']} + {SIDE_FILES['tgt']}"
+        )
+
+    def _model(self, side: str) -> spm.SentencePieceProcessor:
+        try:
+            return self._models[side]
+        except KeyError:
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}") from None
+
+    @property
+    def joint(self) -> bool:
+        return self._models["src"] is self._models["tgt"]
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self._models["src"].get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self._models["tgt"].get_piece_size()
+
+    def normalize(self, text: str, side: str) -> str:
+        """The text as the model sees it (NFKC, whitespace collapsed): what decode returns."""
+        # SentencePiece marks spaces with U+2581 and adds one in front of the text.
+        return self._model(side).normalize(text).replace("\u2581", " ").strip()
+
+    def encode(self, text: str, side: str) -> list[int]:
+        return self._model(side).encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str], side: str) -> list[list[int]]:
+        return self._model(side).encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: list[int], side: str) -> str:
+        kept = []
+        for i in ids:
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                kept.append(int(i))
+        return self._model(side).decode(kept)
+
+    def pieces(self, ids: list[int], side: str) -> list[str]:
+        """Subword strings for plot labels; specials read ``<pad>``, ``<unk>``, ``<s>``, ``</s>``."""
+        model = self._model(side)
+        return [model.id_to_piece(int(i)) for i in ids]

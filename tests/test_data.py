@@ -1,0 +1,353 @@
+import argparse
+import gzip
+import itertools
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seq2seq import data
+from seq2seq.data import (
+    TokenBatchSampler,
+    add_data_args,
+    collate,
+    data_report,
+    encode_pairs,
+    load_corpus,
+    run_data_command,
+)
+from seq2seq.errors import Seq2SeqError
+from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+
+
+def pairs(n: int, prefix: str = "") -> list[tuple[str, str]]:
+    return [(f"{prefix}Satz Nummer {i} .", f"{prefix}sentence number {i} .") for i in range(n)]
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    text = "".join(line + "\n" for line in lines).encode("utf-8")
+    path.write_bytes(gzip.compress(text) if path.suffix == ".gz" else text)
+
+
+def write_parallel(
+    folder: Path, split: str, split_pairs: list[tuple[str, str]], gz: bool = False
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if gz else ""
+    write_lines(folder / f"{split}.de{suffix}", [s for s, _ in split_pairs])
+    write_lines(folder / f"{split}.en{suffix}", [t for _, t in split_pairs])
+
+
+def sizes(corpus) -> dict[str, int]:
+    return {split: len(p) for split, p in corpus.splits.items()}
+
+
+# --- Sources ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_parallel_folder_plain_and_gz(tmp_path, gz):
+    write_parallel(tmp_path, "train", pairs(20), gz)
+    write_parallel(tmp_path, "dev", pairs(4, "d"), gz)
+    write_parallel(tmp_path, "test_2016_flickr", pairs(3, "t"), gz)
+    (tmp_path / "README.md").write_text("not a split\n")
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert sizes(corpus) == {"train": 20, "validation": 4, "test": 3}
+    assert corpus.splits["validation"][0] == ("dSatz Nummer 0 .", "dsentence number 0 .")
+    reverse = load_corpus(str(tmp_path), "en", "de")
+    assert reverse.splits["test"][2] == ("tsentence number 2 .", "tSatz Nummer 2 .")
+
+
+def test_several_test_splits_need_test_split(tmp_path):
+    write_parallel(tmp_path, "train", pairs(20))
+    write_parallel(tmp_path, "test_2016", pairs(3))
+    write_parallel(tmp_path, "test_2017", pairs(5))
+    with pytest.raises(
+        Seq2SeqError, match=r"\(test_2016, test_2017\); choose one with --test-split"
+    ):
+        load_corpus(str(tmp_path), "de", "en")
+    corpus = load_corpus(str(tmp_path), "de", "en", test_split="test_2017")
+    assert len(corpus.splits["test"]) == 5
+    assert any("carved 2 validation" in note for note in corpus.notes)
+
+
+def test_tsv_with_header_any_column_order(tmp_path):
+    rows = ["fr\ten\tde"] + [f"phrase {i}\tsentence {i}\tSatz {i}" for i in range(30)]
+    write_lines(tmp_path / "corpus.tsv", rows)
+    corpus = load_corpus(str(tmp_path / "corpus.tsv"), "de", "fr", carve_valid=2, carve_test=3)
+    assert sizes(corpus) == {"train": 25, "validation": 2, "test": 3}
+    assert all(s.startswith("Satz") and t.startswith("phrase") for s, t in corpus.splits["train"])
+    with pytest.raises(Seq2SeqError, match="no 'cs' side; languages it holds: de, en, fr"):
+        load_corpus(str(tmp_path / "corpus.tsv"), "de", "cs")
+
+
+def test_tsv_without_header_takes_src_tgt(tmp_path):
+    write_lines(tmp_path / "corpus.tsv", [f"Satz {i}\tsentence {i}" for i in range(30)])
+    corpus = load_corpus(str(tmp_path / "corpus.tsv"), "de", "en", carve_valid=1, carve_test=1)
+    assert corpus.splits["train"][0] == ("Satz 0", "sentence 0")
+    assert sum(sizes(corpus).values()) == 30
+
+
+def test_tsv_folder_with_splits(tmp_path):
+    for split, n in (("train", 12), ("validation", 3), ("test", 2)):
+        write_lines(tmp_path / f"{split}.tsv", ["en\tde"] + [f"s {i}\tS {i}" for i in range(n)])
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert sizes(corpus) == {"train": 12, "validation": 3, "test": 2}
+    assert corpus.splits["test"][1] == ("S 1", "s 1")
+    assert corpus.notes == []
+
+
+def test_train_only_corpus_is_carved_deterministically(tmp_path):
+    write_parallel(tmp_path, "train", pairs(100))
+    first = load_corpus(str(tmp_path), "de", "en", carve_valid=5, carve_test=7)
+    again = load_corpus(str(tmp_path), "de", "en", carve_valid=5, carve_test=7)
+    assert sizes(first) == {"train": 88, "validation": 5, "test": 7}
+    assert first.splits == again.splits
+    all_pairs = sorted(p for split in first.splits.values() for p in split)
+    assert all_pairs == sorted(pairs(100))  # nothing lost, nothing shared
+    assert "carved 5 validation pairs off train" in first.notes
+    assert "carved 7 test pairs off train" in first.notes
+
+
+def test_carving_a_small_corpus_keeps_most_for_training(tmp_path):
+    write_parallel(tmp_path, "train", pairs(30))
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert sizes(corpus) == {"train": 24, "validation": 3, "test": 3}
+    assert any("1000 asked" in note for note in corpus.notes)
+
+
+def test_registry_sample_corpus():
+    corpus = load_corpus("sample", "de", "en")
+    assert sizes(corpus) == {"train": 40, "validation": 6, "test": 6}
+
+
+# --- Through Hugging Face datasets --------------------------------------------------------
+
+
+def test_hub_schema_via_datasets_on_local_jsonl(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    folder = tmp_path / "multi30k_copy"
+    folder.mkdir()
+    for split, n in (("train", 8), ("validation", 3), ("test", 2)):
+        rows = [{"en": f"sentence {i}", "de": f"Satz {i}"} for i in range(n)] + [
+            {"en": " ", "de": "x"}
+        ]
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = load_corpus(str(folder), "de", "en")
+    assert sizes(corpus) == {"train": 8, "validation": 3, "test": 2}
+    assert corpus.splits["train"][7] == ("Satz 7", "sentence 7")
+    assert corpus.dropped == {
+        "train": {"empty": 1},
+        "validation": {"empty": 1},
+        "test": {"empty": 1},
+    }
+    with pytest.raises(Seq2SeqError, match="no 'fr' side; languages it holds: de, en"):
+        load_corpus(str(folder), "fr", "en")
+
+
+def test_wmt_style_translation_column_via_datasets(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    folder = tmp_path / "wmt_copy"
+    folder.mkdir()
+    rows = [{"translation": {"de": f"Satz {i}", "en": f"sentence {i}"}} for i in range(30)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = load_corpus(str(folder), "en", "de", carve_valid=2, carve_test=2)
+    assert sizes(corpus) == {"train": 26, "validation": 2, "test": 2}
+    assert ("sentence 0", "Satz 0") in corpus.splits["train"]
+
+
+def test_hub_id_without_network_fails_fast_naming_local_copies():
+    if data._hub_unreachable() is None:
+        pytest.skip(
+            "the Hub is reachable (or HF_HUB_OFFLINE/proxy set): this checks the offline error"
+        )
+    start = time.monotonic()
+    with pytest.raises(Seq2SeqError, match="cannot reach the Hugging Face Hub") as error:
+        load_corpus("bentrevett/multi30k", "de", "en")
+    assert time.monotonic() - start < 5
+    assert "data/sample" in str(error.value)
+    if MULTI30K.is_dir():
+        assert "shared/data/multi30k" in str(error.value)
+    with pytest.raises(Seq2SeqError, match="'bentrevett/multi30k'"):
+        load_corpus("multi30k", "de", "en")  # the registry name resolves to the Hub id
+
+
+# --- The real Multi30k copy ----------------------------------------------------------------
+
+
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"no local Multi30k copy at {MULTI30K}")
+@pytest.mark.parametrize("src, tgt", list(itertools.permutations(["en", "de", "fr", "cs"], 2)))
+def test_multi30k_every_ordered_pair(src, tgt):
+    corpus = load_corpus(str(MULTI30K), src, tgt)
+    assert sizes(corpus) == {"train": 29000, "validation": 1014, "test": 1000}
+    assert corpus.dropped == {}
+
+
+# --- Bad data ------------------------------------------------------------------------------
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    write_lines(tmp_path / "train.de.gz", ["a", "b", "c"])
+    write_lines(tmp_path / "train.en.gz", ["a", "b"])
+    with pytest.raises(Seq2SeqError, match=r"train\.de\.gz has 3 lines but .*train\.en\.gz has 2"):
+        load_corpus(str(tmp_path), "de", "en")
+
+
+def test_missing_split_lists_what_exists(tmp_path):
+    write_parallel(tmp_path, "val", pairs(3))
+    write_parallel(tmp_path, "test", pairs(3))
+    with pytest.raises(Seq2SeqError, match="no train split .*splits it has: test, val"):
+        load_corpus(str(tmp_path), "de", "en")
+    write_parallel(tmp_path, "train", pairs(10))
+    with pytest.raises(Seq2SeqError, match="no split 'test_2018'; splits it has: test, train, val"):
+        load_corpus(str(tmp_path), "de", "en", test_split="test_2018")
+
+
+def test_unknown_language_lists_those_held(tmp_path):
+    write_parallel(tmp_path, "train", pairs(3))
+    with pytest.raises(Seq2SeqError, match="no 'fr' side; languages it holds: de, en"):
+        load_corpus(str(tmp_path), "de", "fr")
+    with pytest.raises(Seq2SeqError, match="both 'de'"):
+        load_corpus(str(tmp_path), "de", "de")
+
+
+@pytest.mark.parametrize("name", ["train.de", "train.de.gz"])
+def test_invalid_utf8_names_file_and_line(tmp_path, name):
+    raw = b"gut\nauch gut\nkaputt \xff\xfe hier\n"
+    (tmp_path / name).write_bytes(gzip.compress(raw) if name.endswith(".gz") else raw)
+    write_lines(tmp_path / "train.en", ["good", "also good", "broken here"])
+    with pytest.raises(Seq2SeqError, match=rf"{name}: invalid UTF-8 on line 3"):
+        load_corpus(str(tmp_path), "de", "en")
+
+
+def test_empty_and_whitespace_pairs_are_dropped_and_counted(tmp_path):
+    write_lines(tmp_path / "train.de", ["eins", "", "drei", "   ", "fünf", "sechs"])
+    write_lines(tmp_path / "train.en", ["one", "two", "\t", " ", "five", "six "])
+    write_parallel(tmp_path, "valid", pairs(2))
+    write_parallel(tmp_path, "test", pairs(2))
+    corpus = load_corpus(str(tmp_path), "de", "en")
+    assert corpus.splits["train"] == [("eins", "one"), ("fünf", "five"), ("sechs", "six")]
+    assert corpus.dropped == {"train": {"empty": 3}}
+
+
+def test_line_separators_inside_a_sentence_keep_alignment(tmp_path):
+    write_lines(tmp_path / "train.de", ["eins\u2028zwei", "drei"])
+    write_lines(tmp_path / "train.en", ["one two", "three"])
+    corpus = load_corpus(str(tmp_path), "de", "en", carve_valid=0, carve_test=0)
+    assert corpus.splits["train"][1] == ("drei", "three")
+
+
+def test_tsv_row_with_wrong_column_count(tmp_path):
+    write_lines(tmp_path / "corpus.tsv", ["de\ten", "a\tb", "c\td\te"])
+    with pytest.raises(
+        Seq2SeqError, match=r"corpus\.tsv: line 3 has 3 tab-separated columns, expected 2"
+    ):
+        load_corpus(str(tmp_path / "corpus.tsv"), "de", "en")
+
+
+def test_unusable_data_values(tmp_path):
+    with pytest.raises(Seq2SeqError, match="no such file or folder"):
+        load_corpus(str(tmp_path / "missing"), "de", "en")
+    with pytest.raises(Seq2SeqError, match="holds no corpus"):
+        load_corpus(str(tmp_path), "de", "en")
+    with pytest.raises(Seq2SeqError, match="not a file, a folder, a Hub id"):
+        load_corpus("no such corpus", "de", "en")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Tokenizer:
+    corpus = load_corpus("sample", "de", "en")
+    train = corpus.splits["train"]
+    return Tokenizer.train(
+        [s for s, _ in train], [t for _, t in train], tmp_path_factory.mktemp("tok"), 400
+    )
+
+
+def test_long_pairs_dropped_from_training_only_and_counted(tokenizer):
+    corpus = load_corpus("sample", "de", "en")
+    long_pair = (" ".join(["Hund"] * 60), "dog")
+    corpus.splits["train"].append(long_pair)
+    corpus.splits["test"].append(long_pair)
+    src_ids, tgt_ids, n_long = encode_pairs(corpus.splits["train"], tokenizer, max_len=50)
+    assert n_long == 1 and len(src_ids) == len(tgt_ids) == 40
+    assert all(len(ids) <= 50 for ids in src_ids + tgt_ids)
+    assert encode_pairs(corpus.splits["train"], tokenizer, None)[2] == 0
+    report, text = data_report(corpus, tokenizer, max_len=50, max_tokens=512)
+    assert report["dropped"] == {"train": {"too long": 1}}
+    assert report["splits"]["train"]["pairs"] == 40 and report["splits"]["test"]["pairs"] == 7
+    assert "train too long 1" in text
+
+
+# --- Batches -------------------------------------------------------------------------------
+
+lengths = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300)
+
+
+@settings(max_examples=50, deadline=None)
+@given(lengths, st.integers(60, 2000), st.integers(0, 2**31), st.integers(0, 5))
+def test_batches_respect_the_bound_and_cover_every_pair_once(pair_lengths, max_tokens, seed, epoch):
+    src, tgt = [s for s, _ in pair_lengths], [t for _, t in pair_lengths]
+    batches = TokenBatchSampler(src, tgt, max_tokens, seed).batches(epoch)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(src)))
+    for batch in batches:
+        assert (
+            len(batch) * max(max(src[i] for i in batch), max(tgt[i] for i in batch)) <= max_tokens
+        )
+
+
+def test_same_seed_same_batches_and_epochs_differ():
+    src = [5 + i % 17 for i in range(500)]
+    tgt = [3 + i % 13 for i in range(500)]
+    sampler = TokenBatchSampler(src, tgt, 300, seed=7)
+    assert sampler.batches(0) == TokenBatchSampler(src, tgt, 300, seed=7).batches(0)
+    assert sampler.batches(0) != sampler.batches(1)
+    assert sampler.batches(0) != TokenBatchSampler(src, tgt, 300, seed=8).batches(0)
+    unshuffled = TokenBatchSampler(src, tgt, 300, seed=7, shuffle=False)
+    assert unshuffled.batches(0) == unshuffled.batches(3)
+
+
+def test_pair_longer_than_the_bound_gets_its_own_batch():
+    batches = TokenBatchSampler([5, 50, 5], [5, 5, 5], 20, seed=0).batches(0)
+    assert sorted(map(sorted, batches)) == [[0, 2], [1]]
+
+
+def test_similar_lengths_share_batches_so_padding_is_low():
+    src = [1 + (i * 7919) % 40 for i in range(2000)]
+    tgt = [s + (i % 3) for i, s in enumerate(src)]
+    assert TokenBatchSampler(src, tgt, 1000, seed=1).padding_fraction() < 0.05
+
+
+def test_collate_shapes_and_contents():
+    batch = collate([[10, 11, 12], [13]], [[20], [21, 22]])
+    assert batch.src.shape == (2, 4) and batch.src.dtype == torch.long
+    assert batch.src.tolist() == [[10, 11, 12, EOS_ID], [13, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 20, PAD_ID], [BOS_ID, 21, 22]]
+    assert batch.tgt_out.tolist() == [[20, EOS_ID, PAD_ID], [21, 22, EOS_ID]]
+    assert batch.n_tgt_tokens == 5
+    source_only = collate([[10]], None)
+    assert source_only.src.tolist() == [[10, EOS_ID]] and source_only.tgt_in is None
+
+
+# --- The data command ----------------------------------------------------------------------
+
+
+def test_run_data_command_prints_and_saves_the_report(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_data_args(parser)
+    args = parser.parse_args(["--data", "sample"])
+    assert (args.src, args.tgt, args.test_split) == ("de", "en", None)
+    args.tokenizer, args.vocab_size, args.max_len, args.max_tokens = None, 8000, 100, 4096
+    args.out = tmp_path / "summary.json"
+    assert run_data_command(args) == 0
+    printed = capsys.readouterr().out
+    assert "train" in printed and "padding" in printed and "does not fit" in printed
+    report = json.loads(args.out.read_text())
+    assert report["splits"]["train"]["pairs"] == 40
+    assert set(report["splits"]["validation"]["src_lengths"]) == {"p50", "p90", "p99", "max"}
+    assert 0 <= report["batches"]["padding_fraction"] < 1
