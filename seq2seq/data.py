@@ -34,8 +34,12 @@ from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 SPLITS = ("train", "validation", "test")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = REPO_ROOT / "data" / "corpora.yaml"
-# Where anything a run downloads or prepares goes; git-ignored.
-CACHE_DIR = Path(os.environ.get("SEQ2SEQ_CACHE", REPO_ROOT / "data" / "cache"))
+# Where anything a run downloads or prepares goes: data/cache/ (git-ignored) in a checkout.
+_CHECKOUT_CACHE = REPO_ROOT / "data" / "cache"
+_DEFAULT_CACHE = (
+    _CHECKOUT_CACHE if _CHECKOUT_CACHE.parent.is_dir() else Path.home() / ".cache/seq2seq"
+)
+CACHE_DIR = Path(os.environ.get("SEQ2SEQ_CACHE", _DEFAULT_CACHE))
 
 _VALIDATION_NAMES = ("validation", "valid", "val", "dev")  # in order of preference
 _LANG_CODE = re.compile(r"[a-z]{2,3}([_-][A-Za-z0-9]{2,4})?")
@@ -587,7 +591,7 @@ def format_report(report: dict) -> str:
         for reason, n in reasons.items()
     ]
     limit = (
-        f", over {report['max_len']} subwords = too long" if report["max_len"] is not None else ""
+        f" (limit {report['max_len']} subwords a side, training only)" if report["max_len"] else ""
     )
     lines.append(f"dropped: {'; '.join(dropped) or 'none'}{limit}")
     b = report["batches"]
