@@ -1,0 +1,304 @@
+"""Search: beam 1 == greedy, cached == uncached, batched == one at a time, stop reasons,
+length limits, n-best order, attention shapes and back-pointer tracing (== force_decode)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from seq2seq.config import ModelConfig
+from seq2seq.model import build_model
+from seq2seq.search import (
+    SearchConfig,
+    beam_search,
+    force_decode,
+    gnmt_length_penalty,
+    greedy_search,
+    max_output_length,
+    translate_batch,
+)
+from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+V = 20
+
+
+def tiny(n_kv_heads=None, d_latent=None, seed=0, **overrides):
+    torch.manual_seed(seed)
+    sizes = dict(
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_enc_layers=2,
+        n_dec_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
+    config = ModelConfig(n_kv_heads=n_kv_heads, d_latent=d_latent, **{**sizes, **overrides})
+    return build_model(config).eval()
+
+
+def sources(lengths, width=None, seed=1):
+    """Random sentences of the given lengths, right-padded: (B, S)."""
+    g = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    src = torch.randint(4, V, (len(lengths), width), generator=g)
+    src[torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None]] = PAD_ID
+    return src
+
+
+def copy_batch(n, g):
+    """Copy task with lengths 2..7: source ids, decoder input and target with EOS."""
+    lengths = torch.randint(2, 8, (n,), generator=g)
+    src = torch.randint(4, V, (n, 7), generator=g)
+    src[torch.arange(7)[None, :] >= lengths[:, None]] = PAD_ID
+    tgt_in = torch.cat([torch.full((n, 1), BOS_ID), src], 1)
+    tgt_out = torch.cat([src, torch.full((n, 1), PAD_ID)], 1)
+    tgt_out[torch.arange(n), lengths] = EOS_ID
+    return src, tgt_in, tgt_out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matrices gain nothing from threads, which only contend on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A one-layer model trained to copy its source (~5 s): it learns to stop at EOS."""
+    model = tiny(n_enc_layers=1, n_dec_layers=1).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        src, tgt_in, tgt_out = copy_batch(64, g)
+        loss = F.cross_entropy(
+            model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1), ignore_index=PAD_ID
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def assert_same(a, b):
+    """Same tokens and stop reasons, scores equal up to float rounding."""
+    assert [h.tokens for h in a] == [h.tokens for h in b]
+    assert [h.stop_reason for h in a] == [h.stop_reason for h in b]
+    torch.testing.assert_close(
+        torch.tensor([h.score for h in a]), torch.tensor([h.score for h in b]), atol=1e-4, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        torch.tensor([h.normalized_score for h in a]),
+        torch.tensor([h.normalized_score for h in b]),
+        atol=1e-4,
+        rtol=1e-5,
+    )
+
+
+def flat(nbest_lists):
+    return [h for hyps in nbest_lists for h in hyps]
+
+
+def test_max_output_length_follows_a_s_plus_b_within_the_position_limit():
+    assert max_output_length(10, 1.5, 10, 512) == 25
+    assert max_output_length(7, 1.5, 10, 512) == 20  # floored
+    assert max_output_length(100, 1.5, 10, 64) == 63  # BOS + 63 tokens = 64 positions
+    assert max_output_length(3, 0.0, 0, 64) == 1
+    with pytest.raises(ValueError):
+        max_output_length(3, 1.0, 1, 1)
+    assert gnmt_length_penalty(1, 1.0) == 1.0 and gnmt_length_penalty(7, 0.0) == 1.0
+
+
+def test_greedy_output_and_stop_reasons():
+    model = tiny()
+    src = sources([7, 4, 2])
+    hyps = greedy_search(model, src, max_len_a=1.0, max_len_b=3)
+    assert len(hyps) == 3
+    for hyp, s in zip(hyps, [7, 4, 2], strict=True):
+        assert hyp.stop_reason in ("eos", "max_len")
+        assert EOS_ID not in hyp.tokens
+        n_max = s + 3
+        assert len(hyp.tokens) == n_max if hyp.stop_reason == "max_len" else len(hyp.tokens) < n_max
+        assert hyp.score < 0 and hyp.normalized_score == hyp.score and hyp.attention is None
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
+def test_beam_one_equals_greedy(alpha, trained):
+    for model in (tiny(), trained):
+        src = sources([7, 3, 5, 6], seed=2)
+        greedy = greedy_search(model, src)
+        beam = flat(beam_search(model, src, beam=1, length_penalty=alpha))
+        assert [h.tokens for h in beam] == [h.tokens for h in greedy]
+        assert [h.stop_reason for h in beam] == [h.stop_reason for h in greedy]
+        torch.testing.assert_close(
+            torch.tensor([h.score for h in beam]), torch.tensor([h.score for h in greedy])
+        )
+
+
+@pytest.mark.parametrize(("g", "d_latent"), [(None, None), (2, None), (1, None), (None, 8)])
+def test_cached_equals_uncached(g, d_latent, trained):
+    src = sources([7, 3, 5], seed=3)
+    for model in (tiny(g, d_latent), trained):
+        assert_same(greedy_search(model, src), greedy_search(model, src, use_cache=False))
+        assert_same(
+            flat(beam_search(model, src, beam=3, nbest=3)),
+            flat(beam_search(model, src, beam=3, nbest=3, use_cache=False)),
+        )
+
+
+def test_batched_equals_one_at_a_time(trained):
+    lengths = [7, 2, 5, 3]
+    src = sources(lengths, width=9, seed=4)  # extra padding columns too
+    for model in (tiny(), trained):
+        alone = [src[i : i + 1, : lengths[i]] for i in range(len(lengths))]
+        assert_same(greedy_search(model, src), [greedy_search(model, s)[0] for s in alone])
+        batched = beam_search(model, src, beam=4, nbest=2)
+        for hyps, s in zip(batched, alone, strict=True):
+            assert_same(hyps, beam_search(model, s, beam=4, nbest=2)[0])
+
+
+def test_ban_eos_runs_every_hypothesis_to_its_max_len(trained):
+    lengths = [7, 2, 5]
+    src = sources(lengths, seed=5)
+    expected = [max_output_length(s, 1.5, 10, 64) for s in lengths]
+    hyps = greedy_search(trained, src, ban_eos=True)
+    assert [len(h.tokens) for h in hyps] == expected
+    beams = beam_search(trained, src, beam=3, nbest=3, ban_eos=True)
+    assert [{len(h.tokens) for h in hs} for hs in beams] == [{n} for n in expected]
+    assert {h.stop_reason for h in hyps + flat(beams)} == {"max_len"}
+    assert all(EOS_ID not in h.tokens for h in hyps + flat(beams))
+
+
+def test_decoding_up_to_the_position_limit():
+    model = tiny(max_positions=12)
+    hyps = greedy_search(model, sources([5, 3]), max_len_b=100, ban_eos=True, need_weights=True)
+    assert [len(h.tokens) for h in hyps] == [11, 11]
+    beams = beam_search(
+        model, sources([5, 3]), beam=2, max_len_b=100, ban_eos=True, use_cache=False
+    )
+    assert [len(hs[0].tokens) for hs in beams] == [11, 11]
+
+
+def test_trained_model_stops_at_eos_and_copies(trained):
+    g = torch.Generator().manual_seed(7)
+    src, _, _ = copy_batch(16, g)
+    expected = [[t for t in row if t != PAD_ID] for row in src.tolist()]
+    greedy = greedy_search(trained, src)
+    best = [hs[0] for hs in beam_search(trained, src, beam=4, nbest=4)]
+    for hyps in (greedy, best):
+        assert all(h.stop_reason == "eos" for h in hyps)
+        assert sum(h.tokens == e for h, e in zip(hyps, expected, strict=True)) >= 14
+
+
+def test_nbest_lists_are_sorted_and_distinct(trained):
+    src = sources([7, 3, 5, 6], seed=6)
+    for model in (tiny(), trained):
+        for alpha in (0.0, 1.0):
+            for hyps in beam_search(model, src, beam=5, nbest=5, length_penalty=alpha):
+                assert len(hyps) == 5
+                scores = [h.normalized_score for h in hyps]
+                assert scores == sorted(scores, reverse=True)
+                assert len({tuple(h.tokens) for h in hyps}) == 5
+                for h in hyps:
+                    n = len(h.tokens) + (h.stop_reason == "eos")
+                    assert h.normalized_score == pytest.approx(
+                        h.score / gnmt_length_penalty(n, alpha), rel=1e-5
+                    )
+
+
+def test_beam_wider_than_the_vocabulary_returns_only_real_hypotheses():
+    """One step, 25 beams, 20 tokens: the start beams that never came alive are dropped."""
+    beams = beam_search(tiny(), sources([4, 2]), beam=25, nbest=25, max_len_a=0.0, max_len_b=1)
+    for hyps in beams:
+        assert 0 < len(hyps) <= V
+        assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+        assert all(h.score > float("-inf") for h in hyps)
+
+
+def test_attention_shapes_and_rows_sum_to_one(trained):
+    lengths = [7, 2, 5]
+    src = sources(lengths, seed=8)
+    greedy = greedy_search(trained, src, need_weights=True)
+    beams = beam_search(tiny(), src, beam=3, nbest=2, need_weights=True)
+    for hyps in ([[h] for h in greedy], beams):
+        for nbest, s in zip(hyps, lengths, strict=True):
+            for h in nbest:
+                tq = len(h.tokens) + (h.stop_reason == "eos")
+                assert h.attention.shape == (1 if hyps is not beams else 2, 4, tq, s)
+                torch.testing.assert_close(h.attention.sum(-1), torch.ones(h.attention.shape[:3]))
+
+
+def test_greedy_attention_and_score_equal_force_decode(trained):
+    src = sources([7, 2, 5], seed=9)
+    for model in (trained, tiny()):
+        hyps = greedy_search(model, src, need_weights=True)
+        forced = force_decode(model, src, [h.tokens for h in hyps])
+        for h, f in zip(hyps, forced, strict=True):
+            tq = h.attention.shape[2]
+            torch.testing.assert_close(h.attention, f.attention[:, :, :tq], atol=1e-5, rtol=1e-4)
+            if h.stop_reason == "eos":
+                assert f.score == pytest.approx(h.score, abs=1e-4)
+        assert all(f.stop_reason == "eos" for f in forced)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_attention_is_traced_through_the_back_pointers(use_cache, trained):
+    """Each n-best hypothesis' attention is what teacher-forcing its own tokens gives."""
+    src = sources([7, 2, 5, 4], seed=10)
+    for model in (tiny(), trained):
+        beams = beam_search(model, src, beam=4, nbest=4, need_weights=True, use_cache=use_cache)
+        for i, hyps in enumerate(beams):
+            forced = force_decode(
+                model, src[i : i + 1].expand(len(hyps), -1), [h.tokens for h in hyps]
+            )
+            for h, f in zip(hyps, forced, strict=True):
+                tq = h.attention.shape[2]
+                torch.testing.assert_close(
+                    h.attention, f.attention[:, :, :tq], atol=1e-5, rtol=1e-4
+                )
+                if h.stop_reason == "eos":
+                    assert f.score == pytest.approx(h.score, abs=1e-4)
+
+
+def test_weights_leave_the_search_unchanged():
+    model, src = tiny(), sources([7, 3], seed=11)
+    assert_same(greedy_search(model, src), greedy_search(model, src, need_weights=True))
+    assert_same(
+        flat(beam_search(model, src, beam=3, nbest=3)),
+        flat(beam_search(model, src, beam=3, nbest=3, need_weights=True)),
+    )
+
+
+def test_greedy_eos_trace(trained):
+    src = sources([7, 3], seed=12)
+    hyps = greedy_search(trained, src, need_eos_trace=True)
+    for h in hyps:
+        assert len(h.step_eos_prob) == len(h.tokens) + (h.stop_reason == "eos")
+        assert all(0.0 <= p <= 1.0 for p in h.step_eos_prob)
+        if h.stop_reason == "eos":
+            assert h.step_eos_prob[-1] > 0.5
+    banned = greedy_search(trained, src, ban_eos=True, need_eos_trace=True)
+    assert [len(h.step_eos_prob) for h in banned] == [len(h.tokens) for h in banned]
+
+
+def test_translate_batch_dispatches_on_beam(trained):
+    src = sources([5, 3], seed=13)
+    greedy = translate_batch(trained, src, SearchConfig())
+    assert [len(hs) for hs in greedy] == [1, 1]
+    assert_same(flat(greedy), greedy_search(trained, src))
+    beams = translate_batch(trained, src, SearchConfig(beam=3, nbest=2, length_penalty=0.6))
+    assert_same(flat(beams), flat(beam_search(trained, src, beam=3, nbest=2, length_penalty=0.6)))
+
+
+def test_bad_arguments_are_clear_errors():
+    model, src = tiny(), sources([3, 2])
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(model, src, beam=2, nbest=3)
+    with pytest.raises(ValueError, match="non-padding"):
+        greedy_search(model, torch.tensor([[5, 6], [PAD_ID, PAD_ID]]))
+    with pytest.raises(ValueError, match="eval"):
+        greedy_search(model.train(), src)
