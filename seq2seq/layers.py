@@ -59,12 +59,13 @@ class EncoderLayer(nn.Module):
     """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
-                 dropout: float, attn_dropout: float, d_latent: int | None = None) -> None:
+                 dropout: float, attn_dropout: float, activation_dropout: float = 0.0,
+                 d_latent: int | None = None) -> None:
         super().__init__()
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
         self.ffn_norm = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
@@ -80,14 +81,15 @@ class DecoderLayer(nn.Module):
     (``None`` unless asked for)."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
-                 dropout: float, attn_dropout: float, d_latent: int | None = None) -> None:
+                 dropout: float, attn_dropout: float, activation_dropout: float = 0.0,
+                 d_latent: int | None = None) -> None:
         super().__init__()
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
         self.cross_attn_norm = nn.LayerNorm(d_model)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout)
         self.ffn_norm = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
         self.dropout = nn.Dropout(dropout)
 
     def forward(

@@ -1,0 +1,146 @@
+"""Save and load a run directory safely: nothing is ever unpickled.
+
+A run directory holds ``config.yaml`` (the resolved config), the SentencePiece model(s),
+``model.safetensors`` (best weights by validation BLEU) and ``last.safetensors`` (the whole
+training state for ``--resume``: weights, optimizer moments, RNG states, and the loop's
+counters as JSON in the safetensors metadata). Each is written to a temporary file and
+renamed, so a kill at any moment leaves the previous good file in place, and one file per
+state means the parts of a state can never come from two different steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor, nn
+
+from seq2seq.config import Config, config_from_dict, config_to_dict
+from seq2seq.errors import Seq2SeqError
+from seq2seq.io import atomic_path, atomic_write_text
+
+CONFIG_FILE = "config.yaml"
+BEST_FILE = "model.safetensors"
+LAST_FILE = "last.safetensors"
+
+
+def unique_state(model: nn.Module) -> dict[str, Tensor]:
+    """The model's tensors with tied ones (shared embeddings, tied output) named once."""
+    seen: set[int] = set()
+    state = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        state[name] = tensor
+    return state
+
+
+def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, Any]) -> None:
+    """Atomically write safetensors with ``metadata`` stored as one JSON string."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"seq2seq": json.dumps(metadata)})
+
+
+def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Read a safetensors file; anything that is not one (a pickle, a truncated file) is refused."""
+    if not path.is_file():
+        raise Seq2SeqError(f"{path}: file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118
+            raw = (f.metadata() or {}).get("seq2seq", "{}")
+        metadata = json.loads(raw)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise Seq2SeqError(f"{path}: not a readable safetensors file ({reason})") from None
+    return tensors, metadata
+
+
+def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path) -> None:
+    """Copy ``tensors`` into ``model`` after checking names, shapes and dtypes exactly."""
+    expected = unique_state(model)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else ""]
+        raise Seq2SeqError(f"{source}: tensors do not match the model ({'; '.join(p for p in parts if p)})")
+    for name, tensor in tensors.items():
+        want = expected[name]
+        if tensor.shape != want.shape or tensor.dtype != want.dtype:
+            raise Seq2SeqError(
+                f"{source}: tensor '{name}' is {tensor.dtype} {list(tensor.shape)}, "
+                f"the model needs {want.dtype} {list(want.shape)}"
+            )
+        if not torch.isfinite(tensor).all():
+            raise Seq2SeqError(f"{source}: tensor '{name}' holds NaN or Inf")
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            expected[name].copy_(tensor)
+
+
+def save_config(run_dir: Path, config: Config) -> None:
+    atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(config_to_dict(config), sort_keys=False))
+
+
+def load_config_file(run_dir: Path) -> Config:
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise Seq2SeqError(f"{run_dir}: not a run directory ({CONFIG_FILE} missing)")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise Seq2SeqError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return config_from_dict(values or {})
+
+
+def save_model(model: nn.Module, path: Path, metadata: dict[str, Any]) -> None:
+    write_tensors(path, unique_state(model), metadata)
+
+
+def load_model(model: nn.Module, path: Path) -> dict[str, Any]:
+    tensors, metadata = read_tensors(path)
+    load_weights_into(model, tensors, path)
+    return metadata
+
+
+def save_training_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, Any]
+) -> None:
+    """Weights, Adam moments and RNG states as tensors; everything else as JSON metadata."""
+    tensors = {f"model.{k}": v for k, v in unique_state(model).items()}
+    optim_state = optimizer.state_dict()
+    for index, entry in optim_state["state"].items():
+        for key, value in entry.items():
+            tensors[f"optim.{index}.{key}"] = torch.as_tensor(value)
+    tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
+    counters = {**counters, "optim_param_groups": optim_state["param_groups"]}
+    write_tensors(path, tensors, counters)
+
+
+def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    tensors, counters = read_tensors(path)
+    weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    load_weights_into(model, weights, path)
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, index, key = name.split(".", 2)
+            state.setdefault(int(index), {})[key] = value
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": counters.pop("optim_param_groups")})
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise Seq2SeqError(f"{path}: optimizer state does not fit ({e})") from None
+    torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    return counters
