@@ -144,3 +144,30 @@ def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Opt
     if "rng.cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     return counters
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: str = BEST_FILE):
+    """Rebuild a trained model from its run directory alone: config, tokenizer, best weights.
+
+    Returns ``(config, tokenizer, model)`` with the model in eval mode. Every problem with
+    the directory (missing, not a run, corrupt or tampered files) is one ``Seq2SeqError``.
+    """
+    from seq2seq.model import build_model
+    from seq2seq.tokenizer import Tokenizer
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise Seq2SeqError(f"{run_dir}: no such run directory")
+    config = load_config_file(run_dir)
+    tokenizer = Tokenizer.load(run_dir)
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size, config.model.tgt_vocab_size):
+        raise Seq2SeqError(f"{run_dir}: the tokenizer's vocabulary does not match the model config")
+    try:
+        model = build_model(config.model)
+    except (ValueError, RuntimeError) as e:
+        raise Seq2SeqError(f"{run_dir / CONFIG_FILE}: cannot build the model ({e})") from None
+    path = run_dir / weights
+    if not path.is_file():
+        raise Seq2SeqError(f"{run_dir}: {weights} missing (has training reached its first validation?)")
+    load_model(model, path)
+    return config, tokenizer, model.to(device).eval()
