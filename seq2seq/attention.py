@@ -140,7 +140,9 @@ def attend(
         if g != h and not _SDPA_HAS_GQA:
             k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
         kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs
+        )
         return out, None
 
     # Group query heads by the key/value head they share: a broadcast, not a copy.
@@ -213,7 +215,9 @@ class MultiHeadAttention(nn.Module):
         if k.shape[1] != v.shape[1]:
             raise ValueError("Key and value lengths must match")
 
-    def _split_kv(self, k: Tensor, v: Tensor, cache: AttentionCache | None) -> tuple[Tensor, Tensor]:
+    def _split_kv(
+        self, k: Tensor, v: Tensor, cache: AttentionCache | None
+    ) -> tuple[Tensor, Tensor]:
         """Project keys and values, reading and updating ``cache``; returns (B, G, Tk, Dh)."""
         if cache is not None and cache.static and cache.length:
             if self.d_latent is None:

@@ -109,8 +109,10 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         return _coerce(value, inner[0], where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise Seq2SeqError(f"config {where}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, where) for v, a in zip(value, args))
+            raise Seq2SeqError(
+                f"config {where}: expected a list of {len(args)} values, got {value!r}"
+            )
+        return tuple(_coerce(v, a, where) for v, a in zip(value, args, strict=False))
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -188,7 +190,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         except FileNotFoundError:
             raise Seq2SeqError(f"config file not found: {path}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise Seq2SeqError(f"config file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+            raise Seq2SeqError(
+                f"config file {path} is not valid YAML: {str(e).splitlines()[0]}"
+            ) from None
         values = loaded or {}
         if not isinstance(values, dict):
             raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
@@ -202,7 +206,9 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         return list(v) if isinstance(v, tuple) else v
 
     return {
-        section.name: {k: plain(v) for k, v in dataclasses.asdict(getattr(config, section.name)).items()}
+        section.name: {
+            k: plain(v) for k, v in dataclasses.asdict(getattr(config, section.name)).items()
+        }
         for section in dataclasses.fields(config)
     }
 
@@ -211,29 +217,51 @@ def validate(config: Config) -> None:
     """Reject absurd values with a message naming the key."""
     m, t, d, dec = config.model, config.train, config.data, config.decode
     checks = [
-        (m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
-         "model.d_model must be a positive multiple of model.n_heads"),
-        (m.n_kv_heads is None or (1 <= m.n_kv_heads <= m.n_heads and m.n_heads % m.n_kv_heads == 0),
-         "model.n_kv_heads must divide model.n_heads (1 = MQA, n_heads = MHA)"),
+        (
+            m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
+            "model.d_model must be a positive multiple of model.n_heads",
+        ),
+        (
+            m.n_kv_heads is None
+            or (1 <= m.n_kv_heads <= m.n_heads and m.n_heads % m.n_kv_heads == 0),
+            "model.n_kv_heads must divide model.n_heads (1 = MQA, n_heads = MHA)",
+        ),
         (m.d_latent is None or m.d_latent >= 1, "model.d_latent must be positive"),
         (m.src_vocab_size >= 8 and m.tgt_vocab_size >= 8, "model vocabulary sizes must be >= 8"),
-        (m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1, "model sizes must be positive"),
-        (all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
-         "model dropouts must be in [0, 1)"),
+        (
+            m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1,
+            "model sizes must be positive",
+        ),
+        (
+            all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
+            "model dropouts must be in [0, 1)",
+        ),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
         (t.lr > 0 and t.warmup_steps >= 0, "train.lr must be > 0 and train.warmup_steps >= 0"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
-        (t.accum_steps >= 1 and t.max_epochs >= 1, "train.accum_steps and train.max_epochs must be >= 1"),
+        (
+            t.accum_steps >= 1 and t.max_epochs >= 1,
+            "train.accum_steps and train.max_epochs must be >= 1",
+        ),
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
         (t.device in ("auto", "cpu", "cuda"), "train.device must be 'auto', 'cpu' or 'cuda'"),
         (t.max_time is None or t.max_time > 0, "train.max_time must be positive (minutes)"),
-        (t.clip_norm >= 0 and t.max_bad_steps >= 0, "train.clip_norm and train.max_bad_steps must be >= 0"),
+        (
+            t.clip_norm >= 0 and t.max_bad_steps >= 0,
+            "train.clip_norm and train.max_bad_steps must be >= 0",
+        ),
         (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
         (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
-        (dec.beam >= 1 and 1 <= dec.nbest <= dec.beam, "decode.nbest must be between 1 and decode.beam"),
-        (dec.max_len_a >= 0 and dec.max_len_b >= 1, "decode.max_len_a must be >= 0 and max_len_b >= 1"),
+        (
+            dec.beam >= 1 and 1 <= dec.nbest <= dec.beam,
+            "decode.nbest must be between 1 and decode.beam",
+        ),
+        (
+            dec.max_len_a >= 0 and dec.max_len_b >= 1,
+            "decode.max_len_a must be >= 0 and max_len_b >= 1",
+        ),
     ]
     for ok, message in checks:
         if not ok:

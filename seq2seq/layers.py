@@ -16,7 +16,9 @@ from seq2seq.attention import AttentionCache, MultiHeadAttention
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """The fixed position encodings of Vaswani et al. (2017), (n_positions, D)."""
     position = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)
-    rate = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    rate = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
     table = torch.zeros(n_positions, d_model)
     table[:, 0::2] = torch.sin(position * rate)
     table[:, 1::2] = torch.cos(position * rate[: d_model // 2])
@@ -34,13 +36,17 @@ class Embedding(nn.Module):
         super().__init__()
         self.tokens = tokens  # may be shared with the other side and the output layer
         self.scale = math.sqrt(tokens.embedding_dim)
-        self.register_buffer("positions", sinusoidal_table(max_positions, tokens.embedding_dim), persistent=False)
+        self.register_buffer(
+            "positions", sinusoidal_table(max_positions, tokens.embedding_dim), persistent=False
+        )
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
         end = start + tokens.shape[1]
         if end > self.positions.shape[0]:
-            raise ValueError(f"Sequence of {end} positions exceeds max_positions={self.positions.shape[0]}")
+            raise ValueError(
+                f"Sequence of {end} positions exceeds max_positions={self.positions.shape[0]}"
+            )
         return self.dropout(self.tokens(tokens) * self.scale + self.positions[start:end])
 
 
@@ -58,9 +64,17 @@ class FeedForward(nn.Module):
 class EncoderLayer(nn.Module):
     """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
-                 dropout: float, attn_dropout: float, activation_dropout: float = 0.0,
-                 d_latent: int | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None,
+        d_ff: int,
+        dropout: float,
+        attn_dropout: float,
+        activation_dropout: float = 0.0,
+        d_latent: int | None = None,
+    ) -> None:
         super().__init__()
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
@@ -80,9 +94,17 @@ class DecoderLayer(nn.Module):
     encoder memory), feed-forward. Returns the new states and the cross-attention weights
     (``None`` unless asked for)."""
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None, d_ff: int,
-                 dropout: float, attn_dropout: float, activation_dropout: float = 0.0,
-                 d_latent: int | None = None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None,
+        d_ff: int,
+        dropout: float,
+        attn_dropout: float,
+        activation_dropout: float = 0.0,
+        d_latent: int | None = None,
+    ) -> None:
         super().__init__()
         self.self_attn_norm = nn.LayerNorm(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)

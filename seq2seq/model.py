@@ -34,15 +34,33 @@ class Seq2Seq(nn.Module):
         c = config
         self.config = config
         if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
-            raise ValueError("share_embeddings needs one joint vocabulary (src_vocab_size == tgt_vocab_size)")
+            raise ValueError(
+                "share_embeddings needs one joint vocabulary (src_vocab_size == tgt_vocab_size)"
+            )
         tgt_tokens = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=PAD_ID)
-        src_tokens = tgt_tokens if c.share_embeddings else nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=PAD_ID)
+        src_tokens = (
+            tgt_tokens
+            if c.share_embeddings
+            else nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=PAD_ID)
+        )
         self.src_embed = Embedding(src_tokens, c.max_positions, c.dropout)
         self.tgt_embed = Embedding(tgt_tokens, c.max_positions, c.dropout)
-        layer_args = (c.d_model, c.n_heads, c.n_kv_heads, c.d_ff, c.dropout, c.attn_dropout,
-                      c.activation_dropout, c.d_latent)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(*layer_args) for _ in range(c.n_enc_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(*layer_args) for _ in range(c.n_dec_layers))
+        layer_args = (
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            c.d_ff,
+            c.dropout,
+            c.attn_dropout,
+            c.activation_dropout,
+            c.d_latent,
+        )
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(*layer_args) for _ in range(c.n_enc_layers)
+        )
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(*layer_args) for _ in range(c.n_dec_layers)
+        )
         self.encoder_norm = nn.LayerNorm(c.d_model)
         self.decoder_norm = nn.LayerNorm(c.d_model)
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)

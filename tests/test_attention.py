@@ -36,7 +36,8 @@ def test_fast_path_equals_explicit_path(g, mask_kind):
         None: None,
         "2d": torch.rand(tq, tk) > 0.4,
         "4d": torch.rand(b, 1, tq, tk) > 0.4,
-        "padding": torch.arange(tk)[None, None, None, :] < torch.tensor([7, 3, 1])[:, None, None, None],
+        "padding": torch.arange(tk)[None, None, None, :]
+        < torch.tensor([7, 3, 1])[:, None, None, None],
     }[mask_kind]
     if allowed is not None:
         allowed[..., 0] = True  # every query keeps at least one key
@@ -78,7 +79,9 @@ def test_matches_torch_multihead_attention():
     ours = make(None)
     ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_weight.copy_(
+            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+        )
         ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
         ref.out_proj.load_state_dict(ours.out_proj.state_dict())
     q, kv = torch.randn(2, 4, D), torch.randn(2, 6, D)
@@ -103,14 +106,61 @@ def test_heads_are_transposed_back_before_merging():
 
 
 BAD_INPUTS = [
-    ("wrong ndim", lambda: (torch.randn(4, D), torch.randn(1, 4, D), torch.randn(1, 4, D), None), "Expected \\[batch, sequence, d_model\\]"),
-    ("batch differs", lambda: (torch.randn(2, 4, D), torch.randn(3, 4, D), torch.randn(3, 4, D), None), "batch sizes must match"),
-    ("width", lambda: (torch.randn(1, 4, D + 1), torch.randn(1, 4, D), torch.randn(1, 4, D), None), "widths must equal d_model"),
-    ("zero keys", lambda: (torch.randn(1, 4, D), torch.randn(1, 0, D), torch.randn(1, 0, D), None), "At least one key"),
-    ("k/v lengths", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 6, D), None), "lengths must match"),
-    ("float mask", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.zeros(4, 5)), "boolean mask"),
-    ("empty row", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.eye(4, 5, dtype=torch.bool) & (torch.arange(4) < 3)[:, None]), "at least one allowed key"),
-    ("mask shape", lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 5, D), torch.ones(5, 4, dtype=torch.bool)), "Mask shape"),
+    (
+        "wrong ndim",
+        lambda: (torch.randn(4, D), torch.randn(1, 4, D), torch.randn(1, 4, D), None),
+        "Expected \\[batch, sequence, d_model\\]",
+    ),
+    (
+        "batch differs",
+        lambda: (torch.randn(2, 4, D), torch.randn(3, 4, D), torch.randn(3, 4, D), None),
+        "batch sizes must match",
+    ),
+    (
+        "width",
+        lambda: (torch.randn(1, 4, D + 1), torch.randn(1, 4, D), torch.randn(1, 4, D), None),
+        "widths must equal d_model",
+    ),
+    (
+        "zero keys",
+        lambda: (torch.randn(1, 4, D), torch.randn(1, 0, D), torch.randn(1, 0, D), None),
+        "At least one key",
+    ),
+    (
+        "k/v lengths",
+        lambda: (torch.randn(1, 4, D), torch.randn(1, 5, D), torch.randn(1, 6, D), None),
+        "lengths must match",
+    ),
+    (
+        "float mask",
+        lambda: (
+            torch.randn(1, 4, D),
+            torch.randn(1, 5, D),
+            torch.randn(1, 5, D),
+            torch.zeros(4, 5),
+        ),
+        "boolean mask",
+    ),
+    (
+        "empty row",
+        lambda: (
+            torch.randn(1, 4, D),
+            torch.randn(1, 5, D),
+            torch.randn(1, 5, D),
+            torch.eye(4, 5, dtype=torch.bool) & (torch.arange(4) < 3)[:, None],
+        ),
+        "at least one allowed key",
+    ),
+    (
+        "mask shape",
+        lambda: (
+            torch.randn(1, 4, D),
+            torch.randn(1, 5, D),
+            torch.randn(1, 5, D),
+            torch.ones(5, 4, dtype=torch.bool),
+        ),
+        "Mask shape",
+    ),
 ]
 
 
@@ -122,7 +172,10 @@ def test_bad_inputs_raise_value_error(name, inputs, message, need_weights):
         make()(q, k, v, allowed, need_weights=need_weights)
 
 
-@pytest.mark.parametrize(("d_model", "n_heads", "n_kv_heads"), [(30, 4, None), (32, 0, None), (32, 4, 3), (32, 4, 8), (32, 4, 0)])
+@pytest.mark.parametrize(
+    ("d_model", "n_heads", "n_kv_heads"),
+    [(30, 4, None), (32, 0, None), (32, 4, 3), (32, 4, 8), (32, 4, 0)],
+)
 def test_bad_sizes_raise_value_error(d_model, n_heads, n_kv_heads):
     with pytest.raises(ValueError):
         MultiHeadAttention(d_model, n_heads, n_kv_heads)
@@ -146,7 +199,9 @@ def test_growing_cache_equals_full_recompute(g, d_latent):
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     full = attn(x, x, x, causal)[0]
     cache = AttentionCache()
-    steps = [attn(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], cache=cache)[0] for i in range(t)]
+    steps = [
+        attn(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], cache=cache)[0] for i in range(t)
+    ]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     if d_latent is None:
         assert sum(e.numel() for e in cache.tensors()) == 2 * b * t * g * (D // H)
@@ -163,7 +218,9 @@ def test_static_cache_shared_by_beams_equals_repeated_keys():
     cache = AttentionCache(static=True)
     shared, w_shared = attn(q, memory, memory, pad, need_weights=True, cache=cache)
     repeated = memory.repeat_interleave(beams, 0)
-    expected, w_expected = attn(q, repeated, repeated, pad.repeat_interleave(beams, 0), need_weights=True)
+    expected, w_expected = attn(
+        q, repeated, repeated, pad.repeat_interleave(beams, 0), need_weights=True
+    )
     torch.testing.assert_close(shared, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(w_shared, w_expected, atol=1e-5, rtol=1e-5)
     again, _ = attn(q, memory, memory, pad, cache=cache)  # reused, not recomputed

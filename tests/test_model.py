@@ -15,8 +15,17 @@ V = 20
 
 def tiny(n_kv_heads=None, d_latent=None, seed=0, **overrides):
     torch.manual_seed(seed)
-    sizes = dict(src_vocab_size=V, tgt_vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_enc_layers=2,
-                 n_dec_layers=2, dropout=0.0, max_positions=64)
+    sizes = dict(
+        src_vocab_size=V,
+        tgt_vocab_size=V,
+        d_model=32,
+        n_heads=4,
+        d_ff=64,
+        n_enc_layers=2,
+        n_dec_layers=2,
+        dropout=0.0,
+        max_positions=64,
+    )
     config = ModelConfig(n_kv_heads=n_kv_heads, d_latent=d_latent, **{**sizes, **overrides})
     return build_model(config).eval()
 
