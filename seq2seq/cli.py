@@ -65,6 +65,97 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0 if state["best_bleu"] >= 0 or state["stop_reason"].startswith("signal") else 1
 
 
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
+    run's ``decode`` config section."""
+    p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)")
+    p.add_argument("--length-penalty", type=float, help="GNMT alpha for beam search")
+    p.add_argument("--max-len-a", type=float, help="max output subwords = a * source subwords + b")
+    p.add_argument("--max-len-b", type=int)
+    p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow)")
+    p.add_argument("--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len")
+    p.add_argument("--batch-tokens", type=int, help="source tokens per batch (default: decode.max_tokens)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+
+
+def _search_overrides(args: argparse.Namespace) -> dict:
+    return {"beam": args.beam, "nbest": getattr(args, "nbest", None), "length_penalty": args.length_penalty,
+            "max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "use_cache": not args.no_cache,
+            "ban_eos": args.ban_eos, "need_weights": getattr(args, "verbose", False)}
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Options may sit between the positionals (``translate RUN --beam 5 TEXT ...``): plain
+    argparse gives ``nargs="*"`` its match before the first option, then rejects the rest."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        if getattr(self, "_intermixing", False):  # parse_known_intermixed_args calls back here
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="translate sentences, a file or standard input with a trained run",
+                       description="Translate TEXT arguments, else the lines of -i FILE or standard input "
+                       "(a '> ' prompt when it is a terminal; Ctrl-D ends). One output line per input line; "
+                       "with --nbest N > 1, N lines 'INDEX ||| SCORE ||| TEXT' per input (INDEX from 0). "
+                       "Invalid UTF-8 input is decoded with replacement characters (one warning).")
+    p.__class__ = _IntermixedParser
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate")
+    p.add_argument("-i", "--input", type=Path, help="read lines from this file")
+    p.add_argument("-o", "--output", type=Path, help="write here (in place, flushed per chunk) instead of stdout")
+    p.add_argument("--nbest", type=int, help="hypotheses per input (needs --beam >= N)")
+    p.add_argument("--verbose", action="store_true",
+                   help="per sentence on stderr: source/output lengths, stop reason, cross-attention shapes")
+    _add_search_args(p)
+    p.set_defaults(run=_run_translate)
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from seq2seq.translate import Translator, translate_files
+
+    if args.text and args.input:
+        raise Seq2SeqError("give sentences as arguments or -i FILE, not both")
+    translator = Translator.from_run(args.run_dir, args.device)
+    search = translator.search_config(**_search_overrides(args))
+    translate_files(translator, search, args.text, args.input, args.output, args.batch_tokens, args.verbose)
+    return 0
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="translate a split and score it (sacreBLEU BLEU, chrF)",
+                       description="Decode a split of a corpus and print BLEU, chrF (with signatures), "
+                       "lowercased BLEU, the length ratio and the stop reasons; write the hypotheses "
+                       "and the scores (JSON beside them).")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--data", help="corpus (default: the run's data.data)")
+    p.add_argument("--src", help="source language (default: the run's data.src)")
+    p.add_argument("--tgt", help="target language (default: the run's data.tgt)")
+    p.add_argument("--split", default="test", choices=["train", "validation", "test"])
+    p.add_argument("--test-split", help="which test* split is the test set (default: the run's)")
+    p.add_argument("-o", "--output", type=Path, help="hypothesis file (default RUN_DIR/hyps.SPLIT.TGT.txt)")
+    _add_search_args(p)
+    p.set_defaults(run=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    from seq2seq.checkpoint import load_config_file
+    from seq2seq.evaluate import evaluate_split, format_report
+    from seq2seq.translate import search_config
+
+    search = search_config(load_config_file(args.run_dir).decode, **_search_overrides(args))
+    report = evaluate_split(args.run_dir, args.data, args.split, search, src=args.src, tgt=args.tgt,
+                            test_split=args.test_split, max_tokens=args.batch_tokens, device=args.device,
+                            hyp_file=args.output)
+    print(format_report(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seq2seq",
@@ -72,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_data, _add_train):
+    for add in (_add_data, _add_train, _add_translate, _add_evaluate):
         add(sub)
     return parser
 

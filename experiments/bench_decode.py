@@ -1,0 +1,227 @@
+"""Decoding speed: generated tokens/s on one fixed batch, A/B interleaved, median of repeats.
+
+Cases, each at every output length N (EOS banned, so every output has exactly N tokens):
+
+- greedy with the KV cache vs recomputing the prefix (``use_cache=False``): goal >= 4x at
+  N = 64;
+- greedy and beam 5 vs Hugging Face ``MarianMTModel.generate`` on a randomly initialised
+  model of the same size (no download; ``min_new_tokens = max_new_tokens = N``): goals
+  >= 2x greedy, >= 4x beam 5;
+- greedy with cross-attention weights returned vs without: goal <= 1.1x slowdown.
+
+The batch is the first ``--sentences`` source sentences of the Multi30k test split,
+tokenized with the run's tokenizer; both sides run in fp32 on ``--threads`` threads. Each
+repeat times A and B back to back, alternating which goes first, after one warm-up call
+each, so a change in machine load hits both. Run it on an otherwise idle machine:
+
+    python experiments/bench_decode.py --run runs/de-en --json bench_decode.json
+    python experiments/bench_decode.py --run RUN --quick   # proves it runs; numbers mean nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from seq2seq.checkpoint import load_run  # noqa: E402
+from seq2seq.data import collate, load_corpus  # noqa: E402
+from seq2seq.search import SearchConfig, translate_batch  # noqa: E402
+from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def marian_like(model_config, device: torch.device):
+    """A randomly initialised ``MarianMTModel`` of the same size as ours."""
+    from transformers import MarianConfig, MarianMTModel
+
+    c = model_config
+    config = MarianConfig(
+        vocab_size=c.tgt_vocab_size,
+        d_model=c.d_model,
+        encoder_layers=c.n_enc_layers,
+        decoder_layers=c.n_dec_layers,
+        encoder_attention_heads=c.n_heads,
+        decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff,
+        decoder_ffn_dim=c.d_ff,
+        max_position_embeddings=c.max_positions,
+        activation_function="relu",
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None,
+    )
+    torch.manual_seed(0)
+    return MarianMTModel(config).to(device).eval()
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def interleaved(a, b, repeats: int, device: torch.device) -> tuple[float, float]:
+    """Median seconds of ``a`` and of ``b``, timed in alternating order after a warm-up."""
+    a(), b()
+    times_a, times_b = [], []
+    for r in range(repeats):
+        pair = [(a, times_a), (b, times_b)]
+        for fn, times in pair if r % 2 == 0 else pair[::-1]:
+            times.append(timed(fn, device))
+    return statistics.median(times_a), statistics.median(times_b)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--run", type=Path, default=REPO_ROOT / "runs" / "de-en", help="run directory"
+    )
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="corpus with a test split")
+    parser.add_argument("--sentences", type=int, default=64)
+    parser.add_argument("--lengths", default="32,64", help="forced output lengths, comma-separated")
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="8 sentences, lengths 4,8, 3 repeats")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.sentences, args.lengths, args.repeats = 8, "4,8", 3
+    lengths = [int(n) for n in args.lengths.split(",")]
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    config, tokenizer, model = load_run(args.run, device)
+    pairs = load_corpus(args.data, config.data.src, config.data.tgt).splits["test"][
+        : args.sentences
+    ]
+    limit = config.model.max_positions - 1
+    ids = [x[:limit] for x in tokenizer.encode_batch([s for s, _ in pairs], "src")]
+    src = collate(ids, None).src.to(device)  # (B, S)
+    reference = marian_like(config.model, device)
+    n_sentences = src.shape[0]
+
+    def ours(n: int, **search) -> Callable[[], object]:
+        config = SearchConfig(max_len_a=0.0, max_len_b=n, ban_eos=True, **search)
+        return lambda: translate_batch(model, src, config)
+
+    def theirs(n: int, beam: int) -> Callable[[], object]:
+        def run() -> object:
+            with torch.inference_mode():
+                return reference.generate(
+                    input_ids=src,
+                    attention_mask=src != PAD_ID,
+                    num_beams=beam,
+                    do_sample=False,
+                    max_new_tokens=n,
+                    min_new_tokens=n,
+                    use_cache=True,
+                )
+
+        return run
+
+    rows = []
+
+    def case(
+        name: str, a, b, goal: str, check: Callable[[float], bool] | None, n: int, slowdown=False
+    ):
+        """``a`` is ours; ratio = a's speed over b's (or b's over a's for a slowdown)."""
+        t_a, t_b = interleaved(a, b, args.repeats, device)
+        tokens = n_sentences * n
+        ours_rate, ref_rate = tokens / t_a, tokens / t_b
+        ratio = ref_rate / ours_rate if slowdown else ours_rate / ref_rate
+        rows.append(
+            {
+                "case": name,
+                "ours_tok_s": round(ours_rate, 1),
+                "reference_tok_s": round(ref_rate, 1),
+                "ratio": round(ratio, 2),
+                "goal": goal,
+                "pass": None if check is None else bool(check(ratio)),
+            }
+        )
+        print(f"  {name}: {ratio:.2f}x", file=sys.stderr, flush=True)
+
+    for n in lengths:
+        case(
+            f"greedy N={n}: cache vs no cache",
+            ours(n),
+            ours(n, use_cache=False),
+            ">= 4x" if n >= 64 else "(>= 4x at 64)",
+            (lambda r: r >= 4) if n >= 64 else None,
+            n,
+        )
+        case(
+            f"greedy N={n}: ours vs HF Marian", ours(n), theirs(n, 1), ">= 2x", lambda r: r >= 2, n
+        )
+        case(
+            f"beam {args.beam} N={n}: ours vs HF Marian",
+            ours(n, beam=args.beam),
+            theirs(n, args.beam),
+            ">= 4x",
+            lambda r: r >= 4,
+            n,
+        )
+        case(
+            f"greedy N={n}: weights returned vs not (slowdown)",
+            ours(n, need_weights=True),
+            ours(n),
+            "<= 1.1x",
+            lambda r: r <= 1.1,
+            n,
+            slowdown=True,
+        )
+
+    lines = [
+        "| case | ours tok/s | reference tok/s | ratio | goal | pass |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        verdict = "-" if r["pass"] is None else ("pass" if r["pass"] else "FAIL")
+        lines.append(
+            f"| {r['case']} | {r['ours_tok_s']:,.0f} | {r['reference_tok_s']:,.0f} | "
+            f"{r['ratio']:.2f} | {r['goal']} | {verdict} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.json:
+        setup = {
+            "run": str(args.run),
+            "sentences": n_sentences,
+            "source_len": list(src.shape),
+            "lengths": lengths,
+            "beam": args.beam,
+            "repeats": args.repeats,
+            "threads": args.threads,
+            "device": str(device),
+            "torch": torch.__version__,
+            "machine": platform.processor() or platform.machine(),
+            "quick": args.quick,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(
+            json.dumps({"setup": setup, "cases": rows, "table": table}, indent=2) + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

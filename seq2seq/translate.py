@@ -1,0 +1,335 @@
+"""Translate text with a trained run: a list of sentences, or a stream of lines of any length.
+
+``Translator`` holds a run's config, tokenizer and model. ``translate`` takes sentences and
+returns, per sentence, its hypotheses as ``Translation`` objects (detokenized text plus what
+the search returned); ``translate_stream`` reads lines in chunks, translates each chunk in
+token-bounded batches sorted by length, and writes the chunk's outputs in input order
+before it reads on, so memory does not grow with the input and a crash half-way leaves
+every finished chunk on disk.
+
+Bad input never stops a stream. An empty line gives an empty output line and is not fed
+to the model; a line over the model's source limit (``max_positions - 1`` subwords, room
+for EOS) is cut there with a warning naming it; unseen characters become byte pieces (the
+tokenizer's byte fallback); invalid UTF-8 is decoded with U+FFFD replacement characters,
+with one warning for the first such line.
+
+Output formats: one line per input line (the best hypothesis) when ``nbest == 1``; with
+``nbest > 1``, every hypothesis on its own line as ``INDEX ||| SCORE ||| TEXT`` (the
+fairseq / Moses n-best layout): INDEX counts input lines from 0, SCORE is what the search
+ranked by (log-prob over the GNMT length penalty), best first. An empty input line gives
+one line ``INDEX ||| 0.0000 ||| `` there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+import torch
+from torch import Tensor
+
+from seq2seq.checkpoint import load_run
+from seq2seq.config import Config, DecodeConfig
+from seq2seq.data import collate
+from seq2seq.errors import Seq2SeqError
+from seq2seq.search import Hypothesis, SearchConfig, translate_batch
+from seq2seq.train import autocast, autocast_dtype, batches_of
+
+CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_stream
+
+
+@dataclass
+class Translation:
+    """One hypothesis for one input line, detokenized.
+
+    ``stop_reason`` is the search's ("eos" | "max_len"), or "empty" for an empty input
+    line, which is not translated (no tokens, score 0).
+    """
+
+    text: str
+    tokens: list[int]  # output ids, without BOS and the final EOS
+    score: float  # sum of log-probs
+    normalized_score: float  # what the search ranked by
+    stop_reason: str
+    src_len: int  # source subwords the encoder saw, EOS included; 0 for an empty line
+    truncated: bool = False  # the source was cut to the model's limit
+    attention: Tensor | None = None  # (L, H, Tq, src_len) when the search was asked for weights
+
+
+def search_config(decode: DecodeConfig, **overrides) -> SearchConfig:
+    """A run's ``decode`` section as a ``SearchConfig``, with the non-None ``overrides`` on top."""
+    values = {
+        "beam": decode.beam,
+        "nbest": decode.nbest,
+        "length_penalty": decode.length_penalty,
+        "max_len_a": decode.max_len_a,
+        "max_len_b": decode.max_len_b,
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    search = SearchConfig(**values)
+    check_search(search)
+    return search
+
+
+def check_search(search: SearchConfig) -> None:
+    """One-line errors for settings the search would reject."""
+    if search.beam < 1 or not 1 <= search.nbest <= search.beam:
+        raise Seq2SeqError(
+            f"need --beam >= 1 and 1 <= --nbest <= --beam, got beam {search.beam}, nbest {search.nbest}"
+        )
+    if search.max_len_a < 0 or search.max_len_b < 1:
+        raise Seq2SeqError("need --max-len-a >= 0 and --max-len-b >= 1")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` = CUDA when available, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise Seq2SeqError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise Seq2SeqError(f"device '{device}' asked for, but no CUDA device is available")
+    return resolved
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+class Translator:
+    """A trained run ready to translate: config, tokenizer, model (eval mode) and device."""
+
+    def __init__(self, config: Config, tokenizer, model, device: torch.device) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.model = model
+        self.device = device
+        # The precision the run validated with, where the hardware has it.
+        self.dtype = autocast_dtype(config.train.precision, device)
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> Translator:
+        resolved = resolve_device(device)
+        config, tokenizer, model = load_run(run_dir, resolved)
+        return cls(config, tokenizer, model, resolved)
+
+    @property
+    def max_src_len(self) -> int:
+        """Source subwords the model takes, leaving room for EOS."""
+        return self.model.config.max_positions - 1
+
+    def search_config(self, **overrides) -> SearchConfig:
+        return search_config(self.config.decode, **overrides)
+
+    def translate(
+        self,
+        lines: list[str],
+        search: SearchConfig | None = None,
+        max_tokens: int | None = None,
+        first_line: int = 1,
+    ) -> list[list[Translation]]:
+        """The hypotheses of every line, best first, in input order.
+
+        Lines are decoded in batches of at most ``max_tokens`` source tokens (padding
+        included; default: the run's ``decode.max_tokens``), sorted by length.
+        ``first_line`` is the number of ``lines[0]`` in warnings.
+        """
+        search = search or self.search_config()
+        check_search(search)
+        max_tokens = max_tokens or self.config.decode.max_tokens
+        if max_tokens < 1:
+            raise Seq2SeqError(f"--batch-tokens must be positive, got {max_tokens}")
+        ids = self.tokenizer.encode_batch(list(lines), "src")
+        results: list[list[Translation]] = [[_empty()] for _ in ids]
+        todo = [i for i, x in enumerate(ids) if x]  # empty lines are not fed to the model
+        truncated = set()
+        for i in todo:
+            if len(ids[i]) > self.max_src_len:
+                warn(
+                    f"line {first_line + i}: {len(ids[i])} subwords, cut to the model's "
+                    f"limit of {self.max_src_len}"
+                )
+                ids[i] = ids[i][: self.max_src_len]
+                truncated.add(i)
+        src_ids = [ids[i] for i in todo]
+        for batch_index in batches_of(src_ids, None, max_tokens):
+            src = collate([src_ids[j] for j in batch_index], None).src.to(self.device)  # (B, S)
+            with autocast(self.device, self.dtype):
+                found = translate_batch(self.model, src, search)
+            for j, hyps in zip(batch_index, found, strict=True):
+                i = todo[j]
+                results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
+        return results
+
+    def translate_stream(
+        self,
+        lines: Iterable[str],
+        out: TextIO,
+        search: SearchConfig | None = None,
+        max_tokens: int | None = None,
+        chunk_lines: int = CHUNK_LINES,
+        verbose: TextIO | None = None,
+    ) -> int:
+        """Translate ``lines`` chunk by chunk into ``out`` (flushed after every chunk);
+        returns the number of lines. ``verbose``: where to describe every hypothesis."""
+        search = search or self.search_config()
+        n_done = 0
+        chunk: list[str] = []
+
+        def flush() -> None:
+            results = self.translate(chunk, search, max_tokens, first_line=n_done + 1)
+            out.write(format_translations(results, n_done, search.nbest > 1))
+            out.flush()
+            if verbose is not None:
+                for i, hyps in enumerate(results):
+                    for rank, hyp in enumerate(hyps, start=1):
+                        rank_text = f" hypothesis {rank}" if search.nbest > 1 else ""
+                        verbose.write(describe(hyp, f"{n_done + i + 1}{rank_text}") + "\n")
+                verbose.flush()
+
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) == chunk_lines:
+                flush()
+                n_done += len(chunk)
+                chunk = []
+        if chunk:
+            flush()
+            n_done += len(chunk)
+        return n_done
+
+    def _translation(self, hyp: Hypothesis, src_len: int, truncated: bool) -> Translation:
+        return Translation(
+            text=one_line(self.tokenizer.decode(hyp.tokens, "tgt")),
+            tokens=hyp.tokens,
+            score=hyp.score,
+            normalized_score=hyp.normalized_score,
+            stop_reason=hyp.stop_reason,
+            src_len=src_len,
+            truncated=truncated,
+            attention=hyp.attention,
+        )
+
+
+def _empty() -> Translation:
+    return Translation("", [], 0.0, 0.0, "empty", 0)
+
+
+def one_line(text: str) -> str:
+    """Byte pieces can decode to line breaks; they would break the line alignment."""
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def format_translations(results: list[list[Translation]], first_index: int, nbest: bool) -> str:
+    """Output lines: the best text per input, or ``INDEX ||| SCORE ||| TEXT`` per hypothesis."""
+    if not nbest:
+        return "".join(hyps[0].text + "\n" for hyps in results)
+    return "".join(
+        f"{first_index + i} ||| {hyp.normalized_score:.4f} ||| {hyp.text}\n"
+        for i, hyps in enumerate(results)
+        for hyp in hyps
+    )
+
+
+def describe(hyp: Translation, line: int | str) -> str:
+    """What the decoder saw and did for one hypothesis, for ``--verbose``.
+
+    The attention shapes are those of the weights the decoder returned: ``Tq`` counts its
+    steps (the EOS step included), ``Tk`` the source subwords (EOS included)."""
+    if hyp.stop_reason == "empty":
+        return f"line {line}: empty, not translated"
+    eos = " + EOS" if hyp.stop_reason == "eos" else ""
+    cut = ", cut to the model's limit" if hyp.truncated else ""
+    text = (
+        f"line {line}: source Tk={hyp.src_len} subwords incl. EOS{cut}; "
+        f"output {len(hyp.tokens)} subwords{eos}; stop {hyp.stop_reason}"
+    )
+    if hyp.attention is not None:
+        n_heads = hyp.attention.shape[1]
+        shapes = " ".join(f"[{w.shape[1]}, {w.shape[2]}]" for w in hyp.attention)
+        text += f"; cross-attention [Tq, Tk] per layer ({n_heads} heads each): {shapes}"
+    return text
+
+
+def read_lines(raw_lines: Iterable[bytes]) -> Iterator[str]:
+    """Lines (bytes, as read from a binary file) without their line ends, decoded as UTF-8.
+
+    Bytes that are not UTF-8 become U+FFFD, with one warning for the first such line.
+    Binary reading splits at ``\\n`` only (not at U+2028 and friends), so output lines
+    stay aligned with ``wc -l``."""
+    warned = False
+    for number, raw in enumerate(raw_lines, start=1):
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            if not warned:
+                warn(
+                    f"line {number}: invalid UTF-8, decoded with replacement characters "
+                    "(later such lines are not reported)"
+                )
+                warned = True
+            yield raw.decode("utf-8", errors="replace")
+
+
+def prompted(stream: BinaryIO, prompt: TextIO) -> Iterator[bytes]:
+    """The lines of a terminal, each read after a ``> `` prompt; Ctrl-D (end of input) ends them."""
+    while True:
+        prompt.write("> ")
+        prompt.flush()
+        raw = stream.readline()
+        if not raw:
+            prompt.write("\n")
+            return
+        yield raw
+
+
+def translate_files(
+    translator: Translator,
+    search: SearchConfig,
+    texts: list[str] | None = None,
+    input_path: Path | None = None,
+    output_path: Path | None = None,
+    max_tokens: int | None = None,
+    verbose: bool = False,
+) -> int:
+    """``seq2seq translate``: ``texts``, else the lines of ``input_path``, else standard
+    input (a ``> `` prompt per line when it is a terminal), into ``output_path`` or standard
+    output; returns the number of lines.
+
+    ``output_path`` is written in place, chunk by chunk, not through a temporary file: a
+    crash half-way keeps the lines already written, and a rerun can skip them.
+    """
+    stdin = sys.stdin
+    interactive = not texts and input_path is None and stdin.isatty()
+    with contextlib.ExitStack() as stack:
+        if texts:
+            lines: Iterable[str] = texts
+        elif input_path is not None:
+            try:
+                lines = read_lines(stack.enter_context(open(input_path, "rb")))  # noqa: SIM115
+            except OSError as e:
+                raise Seq2SeqError(f"cannot read {input_path}: {e.strerror or e}") from None
+        else:
+            raw = stdin.buffer
+            lines = read_lines(prompted(raw, sys.stderr) if interactive else raw)
+        out = sys.stdout
+        if output_path is not None:
+            try:
+                out = stack.enter_context(open(output_path, "w", encoding="utf-8"))  # noqa: SIM115
+            except OSError as e:
+                raise Seq2SeqError(f"cannot write {output_path}: {e.strerror or e}") from None
+        return translator.translate_stream(
+            lines,
+            out,
+            search,
+            max_tokens,
+            chunk_lines=1 if interactive else CHUNK_LINES,
+            verbose=sys.stderr if verbose else None,
+        )

@@ -1,0 +1,229 @@
+"""Translation: input order under token batching, streaming in chunks, bad input (empty,
+over-long, invalid UTF-8, broken run directory), --ban-eos lengths, and the ``translate``
+command end to end on a tiny model trained here."""
+
+import io
+import os
+import pty
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seq2seq.cli import main
+from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
+from seq2seq.search import SearchConfig, max_output_length
+from seq2seq.train import batches_of, train
+from seq2seq.translate import Translator, format_translations
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SENTENCES = [
+    "Ein Hund läuft über die Wiese.",
+    "",
+    "Zwei Kinder spielen im Sand.",
+    "Eine Frau liest ein Buch im Park, während ein Mann neben ihr schläft.",
+    "   ",
+    "Hund",
+    "Ein kleiner Junge mit einem roten Hut spielt Fußball.",
+]
+
+
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model trained on data/sample, once per test session (shared with test_evaluate)."""
+    run = tmp_path_factory.getbasetemp() / "tiny_run"
+    if not (run / "model.safetensors").is_file():
+        config = Config(
+            model=ModelConfig(
+                d_model=32,
+                n_heads=4,
+                d_ff=64,
+                n_enc_layers=1,
+                n_dec_layers=1,
+                dropout=0.0,
+                max_positions=64,
+            ),
+            data=DataConfig(data="sample", vocab_size=200, max_len=30),
+            train=TrainConfig(
+                max_steps=60,
+                validate_every=30,
+                warmup_steps=10,
+                attention_sentences=0,
+                threads=1,
+                precision="fp32",
+                device="cpu",
+            ),
+        )
+        train(config, run, overwrite=True, progress=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return tiny_run_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return Translator.from_run(run_dir)
+
+
+def texts(results):
+    return [hyps[0].text for hyps in results]
+
+
+def test_order_kept_under_token_batching_with_empty_lines(translator):
+    search = SearchConfig()
+    ids = [x for x in translator.tokenizer.encode_batch(SENTENCES, "src") if x]
+    assert len(batches_of(ids, None, 24)) >= 3  # several batches, sorted by length
+    batched = translator.translate(SENTENCES, search, max_tokens=24)
+    alone = [translator.translate([line], search)[0] for line in SENTENCES]
+    assert [h[0].tokens for h in batched] == [h[0].tokens for h in alone]
+    assert texts(batched) == [h[0].text for h in alone]
+    for line, hyps in zip(SENTENCES, batched, strict=True):
+        if not line.strip():
+            assert hyps[0].text == "" and hyps[0].stop_reason == "empty"
+        else:
+            assert hyps[0].stop_reason in ("eos", "max_len")
+
+
+def test_stream_writes_each_chunk_before_reading_on(translator):
+    lines = SENTENCES * 2
+    consumed = []
+
+    def source():
+        for n, line in enumerate(lines, start=1):
+            consumed.append(n)
+            yield line
+
+    class Out(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.read_at_flush = []
+
+        def flush(self):
+            self.read_at_flush.append(len(consumed))
+
+    out = Out()
+    n = translator.translate_stream(source(), out, SearchConfig(), max_tokens=24, chunk_lines=3)
+    assert n == len(lines)
+    assert out.read_at_flush == [3, 6, 9, 12, 14]  # bounded memory: a chunk at a time
+    expected = format_translations(translator.translate(lines, SearchConfig()), 0, False)
+    assert out.getvalue() == expected
+    assert out.getvalue().count("\n") == len(lines)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_ban_eos_runs_every_output_to_max_len(translator, beam):
+    search = SearchConfig(beam=beam, ban_eos=True, max_len_a=0.5, max_len_b=3)
+    results = translator.translate(SENTENCES, search, max_tokens=24)
+    for line, hyps in zip(SENTENCES, results, strict=True):
+        if not line.strip():
+            continue
+        max_len = max_output_length(hyps[0].src_len, 0.5, 3, translator.model.config.max_positions)
+        assert len(hyps[0].tokens) == max_len
+        assert hyps[0].stop_reason == "max_len"
+
+
+def test_over_long_line_is_cut_with_one_warning(translator, capsys):
+    long_line = " ".join(["Hund Katze Wiese"] * 40)
+    results = translator.translate(["Hund", long_line, ""], first_line=5)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "line 6:" in err
+    assert results[1][0].truncated and results[1][0].src_len == translator.max_src_len + 1
+    assert not results[0][0].truncated
+
+
+def test_cli_translate_arguments(run_dir, translator, capsys):
+    assert main(["translate", str(run_dir), SENTENCES[0], "", SENTENCES[2]]) == 0
+    out = capsys.readouterr().out
+    expected = texts(translator.translate([SENTENCES[0], "", SENTENCES[2]]))
+    assert out.split("\n")[:-1] == expected and expected[1] == ""
+
+
+def test_cli_verbose_reports_what_the_decoder_saw(run_dir, capsys):
+    assert main(["translate", str(run_dir), "--verbose", SENTENCES[0], SENTENCES[3]]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("\n") == 2
+    reports = [line for line in captured.err.splitlines() if line.startswith("line ")]
+    assert len(reports) == 2
+    for report in reports:
+        tk = int(re.search(r"Tk=(\d+)", report).group(1))
+        n_out = int(re.search(r"output (\d+) subwords", report).group(1))
+        eos = "+ EOS" in report
+        assert ("stop eos" in report) == eos
+        shapes = re.findall(r"\[(\d+), (\d+)\]", report)
+        assert len(shapes) == 1  # one decoder layer
+        assert [(int(q), int(k)) for q, k in shapes] == [(n_out + eos, tk)]
+
+
+def test_cli_input_output_files_with_invalid_utf8(run_dir, translator, tmp_path, capsys):
+    src = tmp_path / "in.de"
+    src.write_bytes(b"Ein Hund\n\xff\xfe kaputt \xc3\n\nZwei Kinder\r\n\xffnochmal\n")
+    out = tmp_path / "out.en"
+    assert main(["translate", str(run_dir), "-i", str(src), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("invalid UTF-8") == 1 and "line 2:" in err
+    lines = out.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(lines) == 5 and lines[2] == ""
+    assert lines[0] == texts(translator.translate(["Ein Hund"]))[0]
+    assert lines[3] == texts(translator.translate(["Zwei Kinder"]))[0]
+
+
+def test_cli_stdin(run_dir, translator, monkeypatch, capsys):
+    data = "\n".join(SENTENCES) + "\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data.encode())))
+    assert main(["translate", str(run_dir), "--batch-tokens", "24"]) == 0
+    assert capsys.readouterr().out.split("\n")[:-1] == texts(translator.translate(SENTENCES))
+
+
+def test_cli_nbest_format(run_dir, capsys):
+    assert main(["translate", str(run_dir), "--beam", "3", "--nbest", "2", SENTENCES[0], ""]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fields = [line.split(" ||| ") for line in lines]
+    assert all(len(f) == 3 for f in fields)
+    assert [f[0] for f in fields] == ["0", "0", "1"]  # the empty line: one empty hypothesis
+    assert float(fields[0][1]) >= float(fields[1][1])
+    assert fields[2][2] == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["translate", "no/such/run", "Hallo"],
+        ["translate", "{run}", "--nbest", "2", "Hallo"],
+        ["translate", "{run}", "-i", "no/such/file.txt"],
+        ["translate", "{broken}", "Hallo"],
+    ],
+)
+def test_cli_errors_are_one_line(run_dir, tmp_path, capsys, args):
+    broken = tmp_path / "broken"
+    shutil.copytree(run_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    args = [a.format(run=run_dir, broken=broken) for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_console_interactive_prompt(run_dir, translator):
+    """The real console path: ``python -m seq2seq`` with a terminal on standard input."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seq2seq", "translate", str(run_dir), "--device", "cpu"],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    os.close(follower)
+    os.write(leader, f"{SENTENCES[0]}\n\n{SENTENCES[2]}\n".encode() + b"\x04")
+    out, err = proc.communicate(timeout=120)
+    os.close(leader)
+    assert proc.returncode == 0, err.decode()
+    expected = texts(translator.translate([SENTENCES[0], "", SENTENCES[2]]))
+    assert out.decode().split("\n")[:-1] == expected
+    assert err.decode().count("> ") == 4  # one per line, and the one Ctrl-D answered
