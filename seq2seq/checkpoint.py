@@ -61,6 +61,8 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise Seq2SeqError(f"{path}: not a readable safetensors file ({reason})") from None
+    if not isinstance(metadata, dict):
+        raise Seq2SeqError(f"{path}: its seq2seq metadata is not a JSON object")
     return tensors, metadata
 
 
@@ -111,38 +113,70 @@ def load_model(model: nn.Module, path: Path) -> dict[str, Any]:
     return metadata
 
 
+def rng_state() -> dict[str, Tensor]:
+    """This process's random number generator states: CPU, and CUDA when in use."""
+    states = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def _rng_key(kind: str, rank: int) -> str:
+    # Rank 0 keeps the single-process names, so one file format serves both.
+    return f"rng.{kind}" if rank == 0 else f"rng.{kind}.{rank}"
+
+
 def save_training_state(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, counters: dict[str, Any]
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    counters: dict[str, Any],
+    rng: list[dict[str, Tensor]] | None = None,
 ) -> None:
-    """Weights, Adam moments and RNG states as tensors; everything else as JSON metadata."""
+    """Weights, Adam moments and RNG states as tensors; everything else as JSON metadata.
+
+    ``rng`` holds every rank's ``rng_state()`` in rank order; by default this process's.
+    """
     tensors = {f"model.{k}": v for k, v in unique_state(model).items()}
     optim_state = optimizer.state_dict()
     for index, entry in optim_state["state"].items():
         for key, value in entry.items():
             tensors[f"optim.{index}.{key}"] = torch.as_tensor(value)
-    tensors["rng.torch"] = torch.get_rng_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        tensors["rng.cuda"] = torch.cuda.get_rng_state()
+    for rank, states in enumerate(rng if rng is not None else [rng_state()]):
+        for kind, value in states.items():
+            tensors[_rng_key(kind, rank)] = value
     counters = {**counters, "optim_param_groups": optim_state["param_groups"]}
     write_tensors(path, tensors, counters)
 
 
-def load_training_state(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def load_training_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, rank: int = 0
+) -> dict[str, Any]:
+    """Restore ``model``, ``optimizer`` and ``rank``'s RNG from ``path``; return the counters.
+
+    A rank the saved run did not have (more processes now) takes rank 0's RNG.
+    """
     tensors, counters = read_tensors(path)
+    if "rng.torch" not in tensors or "optim_param_groups" not in counters:
+        raise Seq2SeqError(f"{path}: not a training state (no optimizer or RNG state)")
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     load_weights_into(model, weights, path)
     state: dict[int, dict[str, Tensor]] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, index, key = name.split(".", 2)
-            state.setdefault(int(index), {})[key] = value
     try:
+        for name, value in tensors.items():
+            if name.startswith("optim."):
+                _, index, key = name.split(".", 2)
+                state.setdefault(int(index), {})[key] = value
         optimizer.load_state_dict({"state": state, "param_groups": counters.pop("optim_param_groups")})
-    except (KeyError, ValueError, RuntimeError) as e:
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise Seq2SeqError(f"{path}: optimizer state does not fit ({e})") from None
-    torch.set_rng_state(tensors["rng.torch"])
-    if "rng.cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    own = rank if _rng_key("torch", rank) in tensors else 0
+    try:
+        torch.set_rng_state(tensors[_rng_key("torch", own)])
+        if _rng_key("cuda", own) in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors[_rng_key("cuda", own)])
+    except (RuntimeError, TypeError) as e:
+        raise Seq2SeqError(f"{path}: RNG state does not fit ({e})") from None
     return counters
 
 

@@ -14,12 +14,13 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import sacrebleu
 import torch
@@ -37,6 +38,7 @@ from seq2seq.model import Seq2Seq, build_model
 from seq2seq.search import greedy_search
 from seq2seq.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
+Value = TypeVar("Value")
 
 # ---------------------------------------------------------------------------------------
 # Devices, processes, precision.
@@ -135,6 +137,20 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         probe.unlink()
     except OSError as e:
         raise Seq2SeqError(f"cannot write to {run_dir}: {e.strerror or e}") from None
+
+
+# What a run writes; --overwrite removes these (and nothing else) so that no file of the
+# old run (metrics, a best model, attention maps) survives into the new one.
+RUN_FILES = (checkpoint.CONFIG_FILE, checkpoint.BEST_FILE, checkpoint.LAST_FILE, "metrics.jsonl",
+             "data_summary.json", "spm.model", "spm_src.model", "spm_tgt.model")
+RUN_DIRS = ("attention", "tensorboard")
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,8 +277,7 @@ class MetricsLog:
             return
         if resume_step is not None and self.path.exists():
             # Drop what was logged after the state we resume from: it will be logged again.
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [line for line in self.path.read_text().splitlines() if _logged_step(line) <= resume_step]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         if tensorboard:
             try:
@@ -271,7 +286,8 @@ class MetricsLog:
                 print("warning: --tensorboard needs the 'tensorboard' package (pip install seq2seq[tensorboard])",
                       file=sys.stderr)
             else:
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+                purge = None if resume_step is None else resume_step + 1
+                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
 
     def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
         if not self.enabled:
@@ -286,6 +302,14 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _logged_step(line: str) -> float:
+    """The step of a metrics line; infinite (dropped on resume) for one a crash cut short."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return math.inf
 
 
 class StopSignals:
@@ -324,6 +348,8 @@ def train(config: Config, run_dir: str | Path, *, resume: bool = False, overwrit
         dist.barrier()
     lock = RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
+        if overwrite and not resume and runtime.main:
+            clear_run_dir(run_dir)
         if resume:
             saved = checkpoint.load_config_file(run_dir)
             saved.train = config.train  # budgets may change on resume; the recipe may not
@@ -347,7 +373,8 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
     state = {"step": 0, "epoch": 0, "batch": 0, "best_bleu": -1.0, "best_step": 0, "bad_validations": 0,
              "bad_steps": 0, "elapsed": 0.0, "stop_reason": None}
     if resume:
-        state.update(checkpoint.load_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer))
+        state.update(checkpoint.load_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer,
+                                                    runtime.rank))
         state["stop_reason"] = None
     dtype = autocast_dtype(t.precision, device)
     ddp = nn.parallel.DistributedDataParallel(model) if runtime.world > 1 else model
@@ -363,9 +390,12 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
     started = time.time() - state["elapsed"]
 
     def save_last() -> None:
+        # Every rank's RNG: dropout masks differ across ranks, and a resumed rank must go on
+        # drawing from where it stopped for the run to continue as if never interrupted.
+        rng = gather(runtime, checkpoint.rng_state())
         if runtime.main:
             state["elapsed"] = time.time() - started
-            checkpoint.save_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer, state)
+            checkpoint.save_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer, state, rng)
 
     def validate() -> None:
         model.eval()
@@ -402,6 +432,8 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
         return None
 
     model.train()
+    # A resumed run may already be over (its step budget spent, its patience run out).
+    state["stop_reason"] = agree(runtime, stop_reason(None))
     with StopSignals() as signals:
         while state["stop_reason"] is None and state["epoch"] < t.max_epochs:
             epoch_batches = sampler.batches(state["epoch"])
@@ -416,8 +448,9 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
                 bar.update(len(group))
                 if not math.isfinite(loss):
                     state["bad_steps"] += 1
-                    say(f"warning: non-finite loss at step {state['step'] + 1}; step skipped "
-                        f"({state['bad_steps']} of at most {t.max_bad_steps})")
+                    if runtime.main:
+                        say(f"warning: non-finite loss at step {state['step'] + 1}; step skipped "
+                            f"({state['bad_steps']} of at most {t.max_bad_steps})")
                     if state["bad_steps"] > t.max_bad_steps:
                         raise Seq2SeqError(f"training stopped: {state['bad_steps']} steps with a NaN/Inf loss "
                                            f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr")
@@ -431,9 +464,11 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
                     log.log("train", state["step"], {"loss": loss, "lr": lr, "tokens_per_s": rate,
                                                      "epoch": state["epoch"]})
                     tick, tick_tokens = time.time(), 0
-                if t.validate_every and state["step"] % t.validate_every == 0 and runtime.main:
-                    validate()
+                if t.validate_every and state["step"] % t.validate_every == 0:
+                    if runtime.main:
+                        validate()
                     save_last()
+                    tick, tick_tokens = time.time(), 0  # tokens/s measures training alone
                 state["stop_reason"] = agree(runtime, stop_reason(signals.received))
                 if state["stop_reason"]:
                     break
@@ -452,9 +487,7 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
     if runtime.main:
         say(f"stopped: {state['stop_reason']}; best validation BLEU {state['best_bleu']:.2f} at step "
             f"{state['best_step']}; {state['step']} steps, {(time.time() - started) / 60:.1f} min; run in {run_dir}")
-    if runtime.world > 1:
-        dist.barrier()
-    return state
+    return agree(runtime, state)  # validation counters live on rank 0
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, group: list[list[int]], data: Prepared,
@@ -493,13 +526,22 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, group: list[l
     return mean_loss, n_total
 
 
-def agree(runtime: Runtime, decision: str | None) -> str | None:
-    """Rank 0's decision for every rank, so that no rank waits for a step the others skip."""
+def agree(runtime: Runtime, value: Value) -> Value:
+    """Rank 0's value for every rank, so that no rank waits for a step the others skip."""
     if runtime.world == 1:
-        return decision
-    box = [decision]
+        return value
+    box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather(runtime: Runtime, value: Value) -> list[Value]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if runtime.world == 1:
+        return [value]
+    values: list = [None] * runtime.world
+    dist.all_gather_object(values, value)
+    return values
 
 
 def say(message: str) -> None:

@@ -1,0 +1,366 @@
+"""The trainer: learning, exact resume, early stopping, attention maps, signals, precision, DDP.
+
+Every run is a tiny model on the committed sample corpus (40 training pairs, which a
+308-piece vocabulary cuts into ~35 subwords a sentence): ``data.max_tokens=160`` makes an
+epoch 11 batches, so a run can stop mid-epoch and resume from a data position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import yaml
+
+from seq2seq import checkpoint
+from seq2seq.config import load_config
+from seq2seq.errors import Seq2SeqError
+from seq2seq.train import autocast_dtype, train
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on the shared 2-core machine
+
+TINY = {
+    "data.data": str(SAMPLE),
+    "data.vocab_size": 200,  # SentencePiece raises it to the 308 its byte pieces need
+    "data.max_len": 60,
+    "data.max_tokens": 160,
+    "model.d_model": 32,
+    "model.n_heads": 4,
+    "model.d_ff": 64,
+    "model.n_enc_layers": 1,
+    "model.n_dec_layers": 1,
+    "model.max_positions": 64,
+    "model.dropout": 0.1,
+    "train.threads": 1,
+    "train.attention_sentences": 0,
+    "train.valid_bleu_sentences": 2,
+    "train.log_every": 1,
+    "train.warmup_steps": 10,
+    "train.lr": 0.003,
+}
+
+
+def tiny_overrides(**changes: object) -> list[str]:
+    """``--set`` strings for the tiny config; ``train__max_steps=5`` sets ``train.max_steps``."""
+    values = {**TINY, **{k.replace("__", "."): v for k, v in changes.items()}}
+    return [f"{k}={'null' if v is None else v}" for k, v in values.items()]
+
+
+def tiny_config(**changes: object):
+    return load_config(None, tiny_overrides(**changes))
+
+
+def write_tiny_yaml(path: Path, **changes: object) -> Path:
+    """The tiny config as a ``--config`` file."""
+    sections: dict[str, dict] = {}
+    for text in tiny_overrides(**changes):
+        key, value = text.split("=", 1)
+        section, name = key.split(".")
+        sections.setdefault(section, {})[name] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(sections))
+    return path
+
+
+def read_metrics(run_dir: Path, kind: str) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+def test_loss_falls_well_below_the_start(tmp_path):
+    state = train(tiny_config(train__max_steps=100), tmp_path / "run", progress=False)
+    losses = list(train_losses(tmp_path / "run").values())
+    assert state["step"] == 100 and len(losses) == 100
+    assert max(losses[-10:]) < 0.6 * losses[0], (losses[0], losses[-10:])
+    valid = read_metrics(tmp_path / "run", "valid")
+    assert valid[-1]["loss"] < valid[0]["loss"]
+    assert (tmp_path / "run" / checkpoint.BEST_FILE).is_file()
+
+
+def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
+    total = 26  # crosses two epoch ends (11 batches an epoch)
+    train(tiny_config(train__max_steps=total), tmp_path / "straight", progress=False)
+    # Interrupted twice, both times mid-epoch: step 7 of epoch 0 and step 5 of epoch 1.
+    for stop, resume in ((7, False), (16, True), (total, True)):
+        state = train(
+            tiny_config(train__max_steps=stop),
+            tmp_path / "interrupted",
+            resume=resume,
+            progress=False,
+        )
+        assert state["step"] == stop
+    assert state["epoch"] == 2 and state["batch"] == 4
+
+    straight, interrupted = (
+        train_losses(tmp_path / "straight"),
+        train_losses(tmp_path / "interrupted"),
+    )
+    assert sorted(interrupted) == list(range(1, total + 1))  # nothing logged twice or lost
+    for step in range(1, total + 1):
+        assert interrupted[step] == pytest.approx(straight[step], rel=0, abs=1e-6), step
+    a, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
+    b, _ = checkpoint.read_tensors(tmp_path / "interrupted" / checkpoint.LAST_FILE)
+    assert a.keys() == b.keys()
+    for name in a:  # weights, Adam moments and RNG state alike
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_resuming_a_finished_run_takes_no_extra_step(tmp_path):
+    train(tiny_config(train__max_steps=3), tmp_path / "run", progress=False)
+    state = train(tiny_config(train__max_steps=3), tmp_path / "run", resume=True, progress=False)
+    assert state["step"] == 3 and state["stop_reason"] == "max_steps 3"
+    assert sorted(train_losses(tmp_path / "run")) == [1, 2, 3]
+
+
+def test_early_stopping_with_patience(tmp_path):
+    # A learning rate this small leaves greedy output, hence BLEU, unchanged: the first
+    # validation is the best and the second one uses up a patience of 1.
+    config = tiny_config(
+        train__lr="0.000000001", train__patience=1, train__max_epochs=10, data__max_tokens=1000
+    )
+    state = train(config, tmp_path / "run", progress=False)
+    assert state["stop_reason"] == "no BLEU improvement in 1 validations"
+    assert state["epoch"] == 2 and state["best_step"] < state["step"]
+    assert len(read_metrics(tmp_path / "run", "valid")) == 2
+
+
+def test_validation_line_and_attention_maps(tmp_path, capsys):
+    state = train(
+        tiny_config(train__max_steps=11, train__attention_sentences=2),
+        tmp_path / "run",
+        progress=False,
+    )
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("step 11 epoch 1: valid loss")]
+    assert len(lines) == 1 and all(w in lines[0] for w in (" ppl ", " BLEU ", " min")), err
+    assert "; fp32 on cpu" in err or "bf16 autocast" in err
+
+    step_dir = tmp_path / "run" / "attention" / f"step_{state['step']}"
+    assert sorted(p.name for p in step_dir.iterdir()) == [
+        "sentence_0.json",
+        "sentence_0.png",
+        "sentence_1.json",
+        "sentence_1.png",
+    ]
+    for i in range(2):
+        assert (step_dir / f"sentence_{i}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        record = json.loads((step_dir / f"sentence_{i}.json").read_text())
+        n_layers, n_heads, n_tgt, n_src = record["shape"]
+        assert (n_layers, n_heads) == (1, 4)
+        assert (n_tgt, n_src) == (len(record["tgt_tokens"]), len(record["src_tokens"]))
+        rows = torch.tensor(record["weights"]).sum(-1)  # each query's weights sum to 1
+        torch.testing.assert_close(rows, torch.ones_like(rows), atol=1e-4, rtol=0)
+        source = (SAMPLE / "valid.de").read_text().splitlines()[i]
+        assert record["metadata"]["source"] == source
+
+
+def test_refuses_to_overwrite_a_run_and_overwrite_starts_afresh(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=2), run, progress=False)
+    with pytest.raises(Seq2SeqError, match="already holds a run; use --resume"):
+        train(tiny_config(train__max_steps=2), run, progress=False)
+    (run / "attention" / "step_999").mkdir(parents=True)  # as if the old run had drawn maps
+    (run / "notes.txt").write_text("mine")
+
+    state = train(tiny_config(train__max_steps=1), run, overwrite=True, progress=False)
+    assert state["step"] == 1
+    assert [r["step"] for r in read_metrics(run, "train")] == [1]  # not appended to the old log
+    assert not (run / "attention").exists()
+    assert (run / "notes.txt").read_text() == "mine"  # only the run's own files are removed
+
+    with pytest.raises(Seq2SeqError, match="cannot resume"):
+        train(tiny_config(), tmp_path / "missing", resume=True, progress=False)
+
+
+def test_resume_survives_a_metrics_line_cut_short(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=2), run, progress=False)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')  # a kill in the middle of a write
+    train(tiny_config(train__max_steps=3), run, resume=True, progress=False)
+    assert sorted(train_losses(run)) == [1, 2, 3]
+
+
+def test_precision_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    assert autocast_dtype("fp32", cpu) is None
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert autocast_dtype("bf16", cpu) == (torch.bfloat16 if native else None)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert autocast_dtype("bf16", cpu) == torch.bfloat16
+
+
+def test_bf16_autocast_trains(tmp_path, monkeypatch, capsys):
+    # This CPU has no native bf16 (so the trainer would pick fp32); force the bf16 path.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    train(
+        tiny_config(train__max_steps=3, train__precision="bf16"), tmp_path / "run", progress=False
+    )
+    assert "bf16 autocast on cpu" in capsys.readouterr().err
+    losses = list(train_losses(tmp_path / "run").values())
+    assert len(losses) == 3 and all(0 < loss < 20 for loss in losses)
+
+
+def test_sigterm_saves_the_state_and_the_run_resumes(tmp_path):
+    run = tmp_path / "run"
+    config_file = write_tiny_yaml(tmp_path / "tiny.yaml", train__max_steps=100000)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "seq2seq",
+            "train",
+            "--config",
+            str(config_file),
+            "--out",
+            str(run),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + SUBPROCESS_TIMEOUT_S
+        while not ((run / "metrics.jsonl").is_file() and len(read_metrics(run, "train")) >= 3):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "stopped: signal SIGTERM" in err and "Traceback" not in err
+    _, counters = checkpoint.read_tensors(run / checkpoint.LAST_FILE)
+    stopped_at = counters["step"]
+    assert stopped_at >= 3
+
+    state = train(tiny_config(train__max_steps=stopped_at + 2), run, resume=True, progress=False)
+    assert state["step"] == stopped_at + 2
+    assert sorted(train_losses(run)) == list(range(1, stopped_at + 3))
+
+
+# ---------------------------------------------------------------------------------------
+# Several processes: ``torchrun --nproc_per_node=2`` with gloo on CPU.
+
+needs_gloo = pytest.mark.skipif(
+    not (dist.is_available() and dist.is_gloo_available()),
+    reason="torch.distributed with the gloo backend is not available in this torch build",
+)
+
+
+def torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        *args,
+    ]
+    return subprocess.run(
+        command,
+        cwd=REPO,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+
+
+@needs_gloo
+def test_torchrun_two_processes_equal_one_process_and_only_rank_0_writes(tmp_path):
+    steps = 6
+    changes = {
+        "train__max_steps": steps,
+        "model__dropout": 0.0,
+    }  # dropout masks differ by process count
+    config_file = write_tiny_yaml(tmp_path / "tiny.yaml", **changes)
+    result = torchrun(
+        [
+            "-m",
+            "seq2seq",
+            "train",
+            "--config",
+            str(config_file),
+            "--out",
+            str(tmp_path / "ddp"),
+            "--no-progress",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    train(tiny_config(**changes), tmp_path / "single", progress=False)
+
+    ddp, single = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "single")
+    assert sorted(ddp) == list(range(1, steps + 1))  # one line per step: one writer
+    for step in range(1, steps + 1):  # the same global batches; only the sum order differs
+        assert ddp[step] == pytest.approx(single[step], rel=1e-4), step
+    assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == sorted(
+        p.name for p in (tmp_path / "single").iterdir()
+    )
+    assert result.stderr.count("stopped: max_steps") == 1
+    assert result.stderr.count("x2 processes") == 1
+    assert result.stderr.count("valid loss") == len(read_metrics(tmp_path / "ddp", "valid")) == 1
+
+
+@needs_gloo
+def test_torchrun_resume_is_exact(tmp_path):
+    # One torchrun job trains three runs in the same processes (a launch costs ~20 s here):
+    # straight to step 18, and interrupted at step 7, then resumed to 18. With dropout on,
+    # each rank draws different masks; both ranks' RNG states must survive the interruption.
+    script = tmp_path / "runs.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_train import tiny_config
+        from seq2seq.train import train
+        out = {str(tmp_path)!r}
+        train(tiny_config(train__max_steps=18), out + "/straight", progress=False)
+        train(tiny_config(train__max_steps=7), out + "/interrupted", progress=False)
+        train(tiny_config(train__max_steps=18), out + "/interrupted", resume=True, progress=False)
+    """)
+    )
+    result = torchrun([str(script)])
+    assert result.returncode == 0, result.stderr[-3000:]
+    straight, interrupted = (
+        train_losses(tmp_path / "straight"),
+        train_losses(tmp_path / "interrupted"),
+    )
+    assert sorted(interrupted) == list(range(1, 19))
+    for step in range(1, 19):
+        assert interrupted[step] == pytest.approx(straight[step], rel=0, abs=1e-6), step
+    tensors, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
+    assert not torch.equal(tensors["rng.torch"], tensors["rng.torch.1"])  # one state per rank
+
+
+def test_cli_train_flags_reach_the_config(tmp_path):
+    from seq2seq.cli import main
+
+    args = ["train", "--out", str(tmp_path / "run"), "--max-steps", "2", "--fp32", "--no-progress"]
+    for item in tiny_overrides():
+        args += ["--set", item]
+    assert main(args) == 0
+    saved = checkpoint.load_config_file(tmp_path / "run")
+    assert (saved.train.precision, saved.train.max_steps) == ("fp32", 2)
