@@ -1,0 +1,290 @@
+"""Run directories: a fresh process rebuilds the model alone; broken or hostile files are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_train import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env, tiny_config, tiny_overrides
+
+from seq2seq import checkpoint
+from seq2seq.cli import main
+from seq2seq.errors import Seq2SeqError
+from seq2seq.model import build_model
+from seq2seq.train import train
+
+SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # (B, S): ids + EOS, padded
+TGT = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])  # (B, T): BOS + ids, padded
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("checkpoint") / "run"
+    train(tiny_config(train__max_steps=12), run, progress=False)  # validates at step 11
+    return run
+
+
+@pytest.fixture
+def copy_of(run_dir, tmp_path) -> Path:
+    return Path(shutil.copytree(run_dir, tmp_path / "run"))
+
+
+def test_a_fresh_process_gives_the_same_logits(run_dir, tmp_path):
+    _, tokenizer, model = checkpoint.load_run(run_dir)
+    assert not model.training
+    with torch.inference_mode():
+        logits = model(SRC, TGT)  # (B, T, V)
+    assert logits.shape == (2, 4, tokenizer.tgt_vocab_size)
+
+    script = (
+        "import sys, numpy, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from seq2seq.checkpoint import load_run\n"
+        "_, _, model = load_run(sys.argv[1])\n"
+        "src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])\n"
+        "tgt = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])\n"
+        "with torch.inference_mode():\n"
+        "    numpy.save(sys.argv[2], model(src, tgt).numpy())\n"
+    )
+    out = tmp_path / "logits.npy"
+    subprocess.run(
+        [sys.executable, "-c", script, str(run_dir), str(out)],
+        cwd=REPO,
+        env=subprocess_env(),
+        check=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    torch.testing.assert_close(torch.from_numpy(np.load(out)), logits, rtol=0, atol=1e-6)
+
+
+def test_best_model_is_the_weights_of_the_best_validation(run_dir):
+    tensors, metadata = checkpoint.read_tensors(run_dir / checkpoint.BEST_FILE)
+    assert metadata["step"] == 11 and metadata["bleu"] >= 0
+    config = checkpoint.load_config_file(run_dir)
+    model = build_model(config.model)
+    assert set(tensors) == set(checkpoint.unique_state(model))
+    # Tied output and shared embeddings are stored once.
+    assert len(tensors) < len(model.state_dict())
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garble_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:40] = b"x" * 32  # the JSON header starts at byte 8
+    path.write_bytes(bytes(data))
+
+
+def _rewrite(change):
+    def tamper(path: Path) -> None:
+        tensors, metadata = checkpoint.read_tensors(path)
+        change(tensors)
+        save_file(tensors, str(path), metadata={"seq2seq": json.dumps(metadata)})
+
+    return tamper
+
+
+def _rename_one(tensors):
+    name = sorted(tensors)[0]
+    tensors[name + "_x"] = tensors.pop(name)
+
+
+def _reshape_one(tensors):
+    name = sorted(tensors)[0]
+    tensors[name] = torch.zeros(3, 3)
+
+
+def _poison_one(tensors):
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+
+
+def _to_float64(tensors):
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].double()
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (_truncate, "not a readable safetensors file"),
+        (_garble_header, "not a readable safetensors file"),
+        (lambda p: p.write_bytes(b""), "not a readable safetensors file"),
+        (_rewrite(_rename_one), "tensors do not match the model"),
+        (_rewrite(_reshape_one), "the model needs torch.float32"),
+        (_rewrite(_poison_one), "holds NaN or Inf"),
+        (_rewrite(_to_float64), "is torch.float64"),
+        (lambda p: p.unlink(), "model.safetensors missing"),
+    ],
+    ids=[
+        "truncated",
+        "garbled-header",
+        "empty",
+        "renamed",
+        "reshaped",
+        "nan",
+        "float64",
+        "missing",
+    ],
+)
+def test_a_broken_best_model_is_one_clear_error(copy_of, tamper, message):
+    tamper(copy_of / checkpoint.BEST_FILE)
+    with pytest.raises(Seq2SeqError, match=message) as error:
+        checkpoint.load_run(copy_of)
+    assert "\n" not in str(error.value)
+
+
+def test_a_truncated_training_state_exits_2_with_one_line(copy_of, capsys):
+    _truncate(copy_of / checkpoint.LAST_FILE)
+    args = ["train", "--out", str(copy_of), "--resume", "--no-progress"]
+    for item in tiny_overrides(train__max_steps=20):
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "last.safetensors: not a readable safetensors file" in err
+    assert "\n" not in err
+
+
+class _RunsCommand:
+    """Unpickling this calls ``os.system`` and creates a marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+class _OpensFile:
+    """Unpickling this calls ``open(marker, "w")``, creating the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+@pytest.mark.parametrize("payload", [_RunsCommand, _OpensFile, "torch.save"])
+def test_a_pickle_in_place_of_a_checkpoint_is_refused_not_run(copy_of, tmp_path, payload):
+    marker = tmp_path / "pwned"
+    for name in (checkpoint.BEST_FILE, checkpoint.LAST_FILE):
+        path = copy_of / name
+        if payload == "torch.save":  # a zip archive holding a pickle, which runs on load
+            torch.save({"x": _RunsCommand(marker)}, path)
+        else:
+            path.write_bytes(pickle.dumps(payload(marker)))
+    with pytest.raises(Seq2SeqError, match="not a readable safetensors file"):
+        checkpoint.load_run(copy_of)
+    with pytest.raises(Seq2SeqError, match="not a readable safetensors file"):
+        train(tiny_config(train__max_steps=20), copy_of, resume=True, progress=False)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("payload", [_RunsCommand, _OpensFile])
+def test_the_payloads_do_run_when_unpickled(tmp_path, payload):
+    """So the test above proves refusal, not a harmless payload."""
+    marker = tmp_path / "pwned"
+    pickle.loads(pickle.dumps(payload(marker)))  # noqa: S301
+    assert marker.exists()
+
+
+def _trained_pair():
+    torch.manual_seed(0)
+    model = build_model(tiny_config().model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(SRC, TGT).sum().backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def test_training_state_round_trip(tmp_path):
+    model, optimizer = _trained_pair()
+    path = tmp_path / checkpoint.LAST_FILE
+    torch.manual_seed(123)
+    checkpoint.save_training_state(path, model, optimizer, {"step": 2, "epoch": 0, "batch": 2})
+    expected_draw = torch.rand(4)
+
+    torch.manual_seed(999)
+    fresh = build_model(tiny_config().model)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=0.5)
+    counters = checkpoint.load_training_state(path, fresh, fresh_optimizer)
+    assert counters == {"step": 2, "epoch": 0, "batch": 2}
+    assert torch.equal(torch.rand(4), expected_draw)  # the RNG continues where it was saved
+    for (name, a), b in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert fresh.output.weight is fresh.tgt_embed.tokens.weight  # still tied after loading
+    saved, loaded = optimizer.state_dict(), fresh_optimizer.state_dict()
+    as_json = json.dumps  # betas come back as a list, not a tuple
+    assert as_json(loaded["param_groups"]) == as_json(saved["param_groups"])  # lr 1e-3, not 0.5
+    for index, entry in saved["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(
+                torch.as_tensor(value), torch.as_tensor(loaded["state"][index][key])
+            ), (index, key)
+
+
+def test_each_rank_gets_its_own_rng_state(tmp_path):
+    model, optimizer = _trained_pair()
+    states = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        states.append(checkpoint.rng_state())
+    path = tmp_path / checkpoint.LAST_FILE
+    checkpoint.save_training_state(path, model, optimizer, {"step": 2}, rng=states)
+    for rank, want in (
+        (0, states[0]),
+        (1, states[1]),
+        (2, states[0]),
+    ):  # rank 2: a process more now
+        checkpoint.load_training_state(path, model, optimizer, rank=rank)
+        assert torch.equal(torch.get_rng_state(), want["torch"]), rank
+
+
+def test_a_weights_file_is_not_a_training_state(run_dir):
+    model, optimizer = _trained_pair()
+    with pytest.raises(Seq2SeqError, match="not a training state"):
+        checkpoint.load_training_state(run_dir / checkpoint.BEST_FILE, model, optimizer)
+
+
+def test_a_failed_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    model, _ = _trained_pair()
+    path = tmp_path / checkpoint.BEST_FILE
+    checkpoint.save_model(model, path, {"step": 1})
+    before = path.read_bytes()
+
+    def dies_half_way(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint, "save_file", dies_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_model(model, path, {"step": 2})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.BEST_FILE]  # no temporary left
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "no-tokenizer"])
+def test_not_a_run_directory(tmp_path, run_dir, make):
+    target = tmp_path / "run"
+    if make == "empty":
+        target.mkdir()
+    elif make == "no-tokenizer":
+        target.mkdir()
+        shutil.copy(run_dir / checkpoint.CONFIG_FILE, target)
+    with pytest.raises(Seq2SeqError):
+        checkpoint.load_run(target)
