@@ -1,0 +1,391 @@
+"""Training throughput: seq2seq's model against ``torch.nn.Transformer`` of the same size.
+
+Both models train (forward, backward, clipping, Adam step) on the same Multi30k batches,
+interleaved: each round runs a few steps of every model, alternating the order, and the
+median over rounds is reported, so a machine that slows down or speeds up part-way hurts
+neither side more. The reference gets its best settings: pre-norm (``norm_first=True``),
+``batch_first=True``, the same dims, ReLU, biases, the same dropout placement (embeddings
+and residuals; attention and FFN-inner dropout as in our config), tied embeddings and
+output, a causal mask plus key padding masks; with and without ``enable_nested_tensor``
+(which PyTorch only uses for post-norm layers at inference, so both should tie).
+
+Model FLOP/s: analytic FLOPs per step (6 x non-embedding parameters x tokens they see,
+plus the output layer and the attention scores, all x3 for forward + backward) over the
+measured step time, as a fraction of the peak from a large fp32 and bf16 matmul measured
+here. The goal: ours >= 1.3x the best reference.
+
+    python experiments/bench_train.py --run runs/de-en --json bench_train.json
+    python experiments/bench_train.py --quick          # seconds: proves the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from seq2seq.config import ModelConfig, load_config  # noqa: E402
+from seq2seq.data import Batch, TokenBatchSampler, collate, encode_pairs, load_corpus  # noqa: E402
+from seq2seq.layers import sinusoidal_table  # noqa: E402
+from seq2seq.model import build_model  # noqa: E402
+from seq2seq.tokenizer import PAD_ID, Tokenizer  # noqa: E402
+from seq2seq.train import autocast, autocast_dtype, sequence_loss  # noqa: E402
+
+MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+
+
+class Reference(nn.Module):
+    """``nn.Transformer`` dressed as our model: shared scaled embeddings, sinusoidal
+    positions, tied output. Same call as ours: ``model(src, tgt_in) -> (B, T, V)``."""
+
+    def __init__(self, c: ModelConfig, nested: bool, tgt_padding_mask: bool) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=PAD_ID)
+        self.register_buffer(
+            "positions", sinusoidal_table(c.max_positions, c.d_model), persistent=False
+        )
+        self.scale = math.sqrt(c.d_model)
+        self.dropout = nn.Dropout(c.dropout)
+        encoder_layer = nn.TransformerEncoderLayer(
+            c.d_model, c.n_heads, c.d_ff, c.dropout, batch_first=True, norm_first=True
+        )
+        with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first"
+            warnings.simplefilter("ignore")
+            encoder = nn.TransformerEncoder(
+                encoder_layer, c.n_enc_layers, nn.LayerNorm(c.d_model), enable_nested_tensor=nested
+            )
+        self.transformer = nn.Transformer(
+            c.d_model,
+            c.n_heads,
+            c.n_enc_layers,
+            c.n_dec_layers,
+            c.d_ff,
+            c.dropout,
+            batch_first=True,
+            norm_first=True,
+            custom_encoder=encoder,
+        )
+        for module in self.transformer.modules():  # dropout where ours has it, nowhere else
+            if isinstance(module, nn.MultiheadAttention):
+                module.dropout = c.attn_dropout
+            if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+                module.dropout.p = c.activation_dropout  # the FFN-inner dropout
+        self.tgt_padding_mask = tgt_padding_mask
+        nn.init.normal_(self.tokens.weight, std=c.d_model**-0.5)
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.dropout(self.tokens(ids) * self.scale + self.positions[: ids.shape[1]])
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        src_pad = src == PAD_ID  # (B, S), True = padding (torch's convention)
+        n = tgt.shape[1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=tgt.device).triu(
+            1
+        )  # True = masked, like the padding masks
+        x = self.transformer(
+            self.embed(src),
+            self.embed(tgt),
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_key_padding_mask=(tgt == PAD_ID) if self.tgt_padding_mask else None,
+        )
+        return F.linear(x, self.tokens.weight)  # (B, T, V), tied output
+
+
+def count(params) -> int:
+    return sum(p.numel() for p in params)
+
+
+@dataclass
+class Flops:
+    """Per-token costs of one model, from its parameters: 2 FLOPs per weight per token."""
+
+    enc_params: int  # encoder layers + final norm: applied to source tokens
+    dec_params: int  # decoder layers + final norm, cross-attention K/V projections excepted
+    cross_kv_params: int  # applied to source (memory) tokens
+    d_model: int
+    vocab: int
+    n_enc: int
+    n_dec: int
+
+    @classmethod
+    def of(cls, model: nn.Module, c: ModelConfig) -> Flops:
+        named = dict(model.named_parameters())
+        enc = count(
+            p for n, p in named.items() if n.startswith(("encoder_layers.", "encoder_norm."))
+        )
+        cross_kv = count(
+            p
+            for n, p in named.items()
+            if ".cross_attn." in n and any(k in n for k in ("k_proj", "v_proj", "kv_down"))
+        )
+        dec = (
+            count(p for n, p in named.items() if n.startswith(("decoder_layers.", "decoder_norm.")))
+            - cross_kv
+        )
+        return cls(enc, dec, cross_kv, c.d_model, c.tgt_vocab_size, c.n_enc_layers, c.n_dec_layers)
+
+    def training_step(self, batch: Batch) -> float:
+        """Forward + backward (3x forward) FLOPs of one batch, counting real tokens only."""
+        src_len = (batch.src != PAD_ID).sum(1).double()  # (B,)
+        tgt_len = (batch.tgt_out != PAD_ID).sum(1).double()  # (B,)
+        s, t = src_len.sum().item(), tgt_len.sum().item()
+        linear = 2 * (self.enc_params * s + self.cross_kv_params * s + self.dec_params * t)
+        output = 2 * self.d_model * self.vocab * t
+        # QK^T and AV: 2 matmuls x 2 FLOPs x D per query-key pair; causal counted in full.
+        pairs = self.n_enc * (src_len**2).sum() + self.n_dec * (
+            (tgt_len**2).sum() + (tgt_len * src_len).sum()
+        )
+        attention = 4 * self.d_model * pairs.item()
+        return 3 * (linear + output + attention)
+
+
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b  # warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / min(times)
+
+
+def prepare_batches(args: argparse.Namespace, config) -> tuple[list[Batch], Tokenizer, str]:
+    data = args.data or (str(MULTI30K) if MULTI30K.is_dir() else str(REPO / "data" / "sample"))
+    corpus = load_corpus(data, args.src, args.tgt)
+    pairs = corpus.splits["train"]
+    if args.run and (Path(args.run) / "config.yaml").is_file():
+        tokenizer, origin = Tokenizer.load(args.run), f"tokenizer of {args.run}"
+    else:
+        out = Path(tempfile.mkdtemp(prefix="bench-tokenizer-"))
+        tokenizer = Tokenizer.train(
+            [s for s, _ in pairs], [t for _, t in pairs], out, config.data.vocab_size
+        )
+        origin = f"tokenizer trained into {out}"
+    src, tgt, _ = encode_pairs(pairs, tokenizer, config.data.max_len)
+    sampler = TokenBatchSampler(
+        [len(x) + 1 for x in src], [len(x) + 1 for x in tgt], config.data.max_tokens, seed=0
+    )
+    needed = args.rounds * args.steps + args.warmup
+    batches = [
+        collate([src[i] for i in idx], [tgt[i] for i in idx]) for idx in sampler.batches(0)[:needed]
+    ]
+    if len(batches) < needed:
+        raise SystemExit(
+            f"{data} gives {len(batches)} batches; need {needed} (fewer --rounds/--steps)"
+        )
+    return batches, tokenizer, f"{corpus.source_description}; {origin}"
+
+
+class Trainee:
+    def __init__(self, name: str, model: nn.Module, config, dtype) -> None:
+        self.name, self.model, self.dtype = name, model.train(), dtype
+        t = config.train
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=t.betas)
+        self.label_smoothing, self.clip_norm = t.label_smoothing, t.clip_norm
+        self.rates: list[float] = []
+        self.step_times: list[float] = []
+        self.flop_rates: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self, batch: Batch) -> float:
+        """One optimizer step; returns its wall time in seconds."""
+        start = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        with autocast(torch.device("cpu"), self.dtype):
+            logits = self.model(batch.src, batch.tgt_in)
+        loss = sequence_loss(logits, batch.tgt_out, self.label_smoothing) / batch.n_tgt_tokens
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
+        self.optimizer.step()
+        elapsed = time.perf_counter() - start
+        self.losses.append(loss.item())
+        return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="run config whose model/data sections to use (default: defaults)",
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
+    )
+    parser.add_argument(
+        "--run", default="runs/de-en", help="take the tokenizer of this run when it exists"
+    )
+    parser.add_argument("--data", help="corpus (default ../shared/data/multi30k, else data/sample)")
+    parser.add_argument("--src", default="de")
+    parser.add_argument("--tgt", default="en")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10, help="steps per model per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        default="auto",
+        help="auto: what the trainer would use (bf16 only where native)",
+    )
+    parser.add_argument("--matmul-size", type=int, default=4096)
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model, few steps: proves the script runs"
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps, args.warmup, args.matmul_size = 2, 2, 1, 512
+        args.overrides = [
+            "model.d_model=64",
+            "model.n_heads=4",
+            "model.d_ff=128",
+            "model.n_enc_layers=1",
+            "model.n_dec_layers=1",
+            "data.max_tokens=512",
+            *args.overrides,
+        ]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    config = load_config(args.config, args.overrides)
+    batches, tokenizer, source = prepare_batches(args, config)
+    c = config.model
+    c.src_vocab_size, c.tgt_vocab_size = tokenizer.src_vocab_size, tokenizer.tgt_vocab_size
+    cpu = torch.device("cpu")
+    dtype = {
+        "auto": autocast_dtype(config.train.precision, cpu),
+        "fp32": None,
+        "bf16": torch.bfloat16,
+    }[args.precision]
+
+    torch.manual_seed(0)
+    ours = build_model(c)
+    trainees = [Trainee("seq2seq", ours, config, dtype)]
+    for nested, tgt_pad in ((True, True), (False, True), (False, False)):
+        name = f"nn.Transformer, nested {'on' if nested else 'off'}, tgt padding mask {'on' if tgt_pad else 'off'}"
+        trainees.append(Trainee(name, Reference(c, nested, tgt_pad), config, dtype))
+    n_ours = count(ours.parameters())
+    for trainee in trainees[1:]:  # the same architecture, so the same parameter count
+        assert count(trainee.model.parameters()) == n_ours, (
+            trainee.name,
+            count(trainee.model.parameters()),
+            n_ours,
+        )
+    flops = Flops.of(ours, c)
+
+    print(
+        f"data: {source}; {len(batches)} batches of <= {config.data.max_tokens} tokens",
+        file=sys.stderr,
+    )
+    print(
+        f"model: d_model {c.d_model}, {c.n_heads} heads, d_ff {c.d_ff}, {c.n_enc_layers}+{c.n_dec_layers} layers, "
+        f"vocab {c.tgt_vocab_size}, {n_ours:,} parameters; {torch.get_num_threads()} threads; "
+        f"{'bf16 autocast' if dtype else 'fp32'}",
+        file=sys.stderr,
+    )
+
+    for trainee in trainees:
+        for batch in batches[: args.warmup]:
+            trainee.step(batch)
+    timed = batches[args.warmup :]
+    step_flops = [flops.training_step(b) for b in timed]
+    for r in range(args.rounds):
+        chunk = slice(r * args.steps, (r + 1) * args.steps)
+        order = trainees if r % 2 == 0 else trainees[::-1]
+        for trainee in order:
+            seconds = [trainee.step(b) for b in timed[chunk]]
+            tokens = sum(b.n_tgt_tokens for b in timed[chunk])
+            trainee.rates.append(tokens / sum(seconds))
+            trainee.step_times.append(sum(seconds) / len(seconds))
+            trainee.flop_rates.append(sum(step_flops[chunk]) / sum(seconds))
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{t.name.split(',')[0]} {t.rates[-1]:,.0f}" for t in order),
+            file=sys.stderr,
+        )
+
+    peaks = {
+        "fp32": matmul_peak(torch.float32, args.matmul_size, 3),
+        "bf16": matmul_peak(torch.bfloat16, args.matmul_size, 3),
+    }
+    results = []
+    for trainee in trainees:
+        results.append(
+            {
+                "model": trainee.name,
+                "tokens_per_s": statistics.median(trainee.rates),
+                "tokens_per_s_min": min(trainee.rates),
+                "tokens_per_s_max": max(trainee.rates),
+                "ms_per_step": 1000 * statistics.median(trainee.step_times),
+                "model_flops_per_s": statistics.median(trainee.flop_rates),
+                "final_loss": trainee.losses[-1],
+            }
+        )
+    best_ref = max(results[1:], key=lambda r: r["tokens_per_s"])
+    speedup = results[0]["tokens_per_s"] / best_ref["tokens_per_s"]
+    used = "bf16" if dtype else "fp32"
+
+    print(
+        "\n| model | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak | of bf16 peak |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(
+            f"| {r['model']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} "
+            f"| {r['ms_per_step']:.1f} | {r['model_flops_per_s'] / 1e9:.2f} "
+            f"| {r['model_flops_per_s'] / peaks['fp32']:.1%} | {r['model_flops_per_s'] / peaks['bf16']:.1%} |"
+        )
+    print(
+        f"\nmeasured matmul peak ({args.matmul_size}², {torch.get_num_threads()} threads): "
+        f"fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s; training uses {used}"
+    )
+    print(
+        f"seq2seq / best nn.Transformer ({best_ref['model']}): {speedup:.2f}x (goal >= 1.3x)"
+        + ("" if speedup >= 1.3 else " -- NOT MET")
+    )
+
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "data": source,
+                    "batches": len(batches),
+                    "max_tokens": config.data.max_tokens,
+                    "model_config": vars(c),
+                    "parameters": n_ours,
+                    "threads": torch.get_num_threads(),
+                    "precision": used,
+                    "rounds": args.rounds,
+                    "steps_per_round": args.steps,
+                    "matmul_peak_flops_per_s": peaks,
+                    "results": results,
+                    "speedup_vs_best_reference": speedup,
+                    "quick": args.quick,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
