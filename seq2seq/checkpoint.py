@@ -72,8 +72,13 @@ def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
     if missing or extra:
-        parts = [f"missing {missing[:3]}" if missing else "", f"unexpected {extra[:3]}" if extra else ""]
-        raise Seq2SeqError(f"{source}: tensors do not match the model ({'; '.join(p for p in parts if p)})")
+        parts = [
+            f"missing {missing[:3]}" if missing else "",
+            f"unexpected {extra[:3]}" if extra else "",
+        ]
+        raise Seq2SeqError(
+            f"{source}: tensors do not match the model ({'; '.join(p for p in parts if p)})"
+        )
     for name, tensor in tensors.items():
         want = expected[name]
         if tensor.shape != want.shape or tensor.dtype != want.dtype:
@@ -89,7 +94,9 @@ def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path
 
 
 def save_config(run_dir: Path, config: Config) -> None:
-    atomic_write_text(run_dir / CONFIG_FILE, yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    atomic_write_text(
+        run_dir / CONFIG_FILE, yaml.safe_dump(config_to_dict(config), sort_keys=False)
+    )
 
 
 def load_config_file(run_dir: Path) -> Config:
@@ -167,7 +174,9 @@ def load_training_state(
             if name.startswith("optim."):
                 _, index, key = name.split(".", 2)
                 state.setdefault(int(index), {})[key] = value
-        optimizer.load_state_dict({"state": state, "param_groups": counters.pop("optim_param_groups")})
+        optimizer.load_state_dict(
+            {"state": state, "param_groups": counters.pop("optim_param_groups")}
+        )
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise Seq2SeqError(f"{path}: optimizer state does not fit ({e})") from None
     own = rank if _rng_key("torch", rank) in tensors else 0
@@ -194,7 +203,10 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: s
         raise Seq2SeqError(f"{run_dir}: no such run directory")
     config = load_config_file(run_dir)
     tokenizer = Tokenizer.load(run_dir)
-    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (config.model.src_vocab_size, config.model.tgt_vocab_size):
+    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (
+        config.model.src_vocab_size,
+        config.model.tgt_vocab_size,
+    ):
         raise Seq2SeqError(f"{run_dir}: the tokenizer's vocabulary does not match the model config")
     try:
         model = build_model(config.model)
@@ -202,6 +214,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: s
         raise Seq2SeqError(f"{run_dir / CONFIG_FILE}: cannot build the model ({e})") from None
     path = run_dir / weights
     if not path.is_file():
-        raise Seq2SeqError(f"{run_dir}: {weights} missing (has training reached its first validation?)")
+        raise Seq2SeqError(
+            f"{run_dir}: {weights} missing (has training reached its first validation?)"
+        )
     load_model(model, path)
     return config, tokenizer, model.to(device).eval()

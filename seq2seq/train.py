@@ -81,9 +81,10 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-        torch.cpu, "_is_amx_tile_supported", lambda: False
-    )()
+    native = (
+        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+    )
     return torch.bfloat16 if native else None
 
 
@@ -112,7 +113,9 @@ class RunLock:
             self.handle.seek(0)
             holder = self.handle.read().strip() or "unknown"
             self.handle.close()
-            raise Seq2SeqError(f"{self.path.parent} is in use by another training process (pid {holder})") from None
+            raise Seq2SeqError(
+                f"{self.path.parent} is in use by another training process (pid {holder})"
+            ) from None
         self.handle.seek(0)
         self.handle.truncate()
         self.handle.write(str(os.getpid()))
@@ -128,8 +131,15 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     """Fail at start, with one line, if the directory cannot or must not be written."""
     if resume and not (run_dir / checkpoint.LAST_FILE).is_file():
         raise Seq2SeqError(f"cannot resume: {run_dir / checkpoint.LAST_FILE} does not exist")
-    if not resume and run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir()) and not overwrite:
-        raise Seq2SeqError(f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it")
+    if (
+        not resume
+        and run_dir.exists()
+        and any(p.name != ".lock" for p in run_dir.iterdir())
+        and not overwrite
+    ):
+        raise Seq2SeqError(
+            f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it"
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
@@ -141,8 +151,16 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
 
 # What a run writes; --overwrite removes these (and nothing else) so that no file of the
 # old run (metrics, a best model, attention maps) survives into the new one.
-RUN_FILES = (checkpoint.CONFIG_FILE, checkpoint.BEST_FILE, checkpoint.LAST_FILE, "metrics.jsonl",
-             "data_summary.json", "spm.model", "spm_src.model", "spm_tgt.model")
+RUN_FILES = (
+    checkpoint.CONFIG_FILE,
+    checkpoint.BEST_FILE,
+    checkpoint.LAST_FILE,
+    "metrics.jsonl",
+    "data_summary.json",
+    "spm.model",
+    "spm_src.model",
+    "spm_tgt.model",
+)
 RUN_DIRS = ("attention", "tensorboard")
 
 
@@ -174,8 +192,14 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
     corpus = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test)
     train_pairs, valid_pairs = corpus.splits["train"], corpus.splits["validation"]
     if not resume and runtime.main:
-        Tokenizer.train([s for s, _ in train_pairs], [t for _, t in train_pairs], run_dir,
-                        d.vocab_size, d.spm_model_type, d.joint_vocab)
+        Tokenizer.train(
+            [s for s, _ in train_pairs],
+            [t for _, t in train_pairs],
+            run_dir,
+            d.vocab_size,
+            d.spm_model_type,
+            d.joint_vocab,
+        )
     if runtime.world > 1:
         dist.barrier()  # rank 0 has written the tokenizer
     tokenizer = Tokenizer.load(run_dir)
@@ -186,33 +210,55 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
     valid_src, valid_tgt = [s[:limit] for s in valid_src], [t[:limit] for t in valid_tgt]
     summary = {
         "source": corpus.source_description,
-        "pairs": {"train": len(train_src), **{k: len(v) for k, v in corpus.splits.items() if k != "train"}},
+        "pairs": {
+            "train": len(train_src),
+            **{k: len(v) for k, v in corpus.splits.items() if k != "train"},
+        },
         "dropped": corpus.dropped,
         "notes": corpus.notes + tokenizer.notes,
     }
-    return Prepared(tokenizer, train_src, train_tgt, valid_src, valid_tgt,
-                    [t for _, t in valid_pairs], [s for s, _ in valid_pairs], summary)
+    return Prepared(
+        tokenizer,
+        train_src,
+        train_tgt,
+        valid_src,
+        valid_tgt,
+        [t for _, t in valid_pairs],
+        [s for s, _ in valid_pairs],
+        summary,
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Loss, schedule, validation.
 
 
-def sequence_loss(logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+def sequence_loss(
+    logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float
+) -> torch.Tensor:
     """Summed token cross-entropy, padding ignored. Shapes: (B, T, V), (B, T) -> ()."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tgt_out.reshape(-1),
-                           ignore_index=PAD_ID, label_smoothing=label_smoothing, reduction="sum")
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        tgt_out.reshape(-1),
+        ignore_index=PAD_ID,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
 
 
 def inverse_sqrt(warmup: int):
     """Linear warmup to the peak, then decay ∝ 1/√step (Vaswani et al. 2017)."""
+
     def factor(step: int) -> float:
         step = max(step, 1)
         return step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / step)
+
     return factor
 
 
-def batches_of(src: list[list[int]], tgt: list[list[int]] | None, max_tokens: int) -> list[list[int]]:
+def batches_of(
+    src: list[list[int]], tgt: list[list[int]] | None, max_tokens: int
+) -> list[list[int]]:
     lengths = [len(s) + 1 for s in src]
     tgt_lengths = [len(t) + 1 for t in tgt] if tgt is not None else lengths
     return TokenBatchSampler(lengths, tgt_lengths, max_tokens, seed=0, shuffle=False).batches(0)
@@ -222,7 +268,9 @@ def batches_of(src: list[list[int]], tgt: list[list[int]] | None, max_tokens: in
 def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, dtype) -> float:
     total, tokens = 0.0, 0
     for idx in batches_of(data.valid_src, data.valid_tgt, max_tokens):
-        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx]).to(device)
+        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx]).to(
+            device
+        )
         with autocast(device, dtype):
             logits = model(batch.src, batch.tgt_in)
         total += sequence_loss(logits, batch.tgt_out, 0.0).item()
@@ -231,8 +279,14 @@ def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, d
 
 
 @torch.inference_mode()
-def translate_ids(model: Seq2Seq, src_ids: list[list[int]], max_tokens: int, device, dtype,
-                  need_weights: bool = False) -> list:
+def translate_ids(
+    model: Seq2Seq,
+    src_ids: list[list[int]],
+    max_tokens: int,
+    device,
+    dtype,
+    need_weights: bool = False,
+) -> list:
     """Greedy hypotheses for ``src_ids`` in input order, decoded in token-bounded batches."""
     out: list = [None] * len(src_ids)
     for idx in batches_of(src_ids, None, max_tokens):
@@ -256,10 +310,18 @@ def save_attention_maps(model: Seq2Seq, data: Prepared, n: int, out_dir: Path, d
         tgt_pieces = tok.pieces(tgt_ids, "tgt")
         weights = hyp.attention.float().cpu().numpy()  # (L, H, Tq, Tk)
         title = f"validation sentence {i}"
-        plot_attention(weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.png", heads="all", title=title)
-        write_attention_json(weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.json",
-                             translation=tok.decode(hyp.tokens, "tgt"), stop_reason=hyp.stop_reason,
-                             extra={"source": data.valid_sources[i]})
+        plot_attention(
+            weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.png", heads="all", title=title
+        )
+        write_attention_json(
+            weights,
+            src_pieces,
+            tgt_pieces,
+            out_dir / f"sentence_{i}.json",
+            translation=tok.decode(hyp.tokens, "tgt"),
+            stop_reason=hyp.stop_reason,
+            extra={"source": data.valid_sources[i]},
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -269,7 +331,9 @@ def save_attention_maps(model: Seq2Seq, data: Prepared, n: int, out_dir: Path, d
 class MetricsLog:
     """``metrics.jsonl`` (always) and TensorBoard event files (when asked and installed)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None) -> None:
+    def __init__(
+        self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None
+    ) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.enabled = enabled
         self.writer = None
@@ -277,14 +341,20 @@ class MetricsLog:
             return
         if resume_step is not None and self.path.exists():
             # Drop what was logged after the state we resume from: it will be logged again.
-            kept = [line for line in self.path.read_text().splitlines() if _logged_step(line) <= resume_step]
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if _logged_step(line) <= resume_step
+            ]
             atomic_write_text(self.path, "".join(line + "\n" for line in kept))
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                print("warning: --tensorboard needs the 'tensorboard' package (pip install seq2seq[tensorboard])",
-                      file=sys.stderr)
+                print(
+                    "warning: --tensorboard needs the 'tensorboard' package (pip install seq2seq[tensorboard])",
+                    file=sys.stderr,
+                )
             else:
                 purge = None if resume_step is None else resume_step + 1
                 self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
@@ -336,8 +406,15 @@ class StopSignals:
 # The loop.
 
 
-def train(config: Config, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
-          tensorboard: bool = False, progress: bool = True) -> dict[str, Any]:
+def train(
+    config: Config,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    tensorboard: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason)."""
     run_dir = Path(run_dir)
     t = config.train
@@ -357,8 +434,9 @@ def train(config: Config, run_dir: str | Path, *, resume: bool = False, overwrit
         return _train(config, run_dir, runtime, resume, tensorboard, progress)
 
 
-def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensorboard: bool,
-           progress: bool) -> dict[str, Any]:
+def _train(
+    config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensorboard: bool, progress: bool
+) -> dict[str, Any]:
     t, device = config.train, runtime.device
     torch.manual_seed(t.seed)
     data = prepare_data(config, run_dir, runtime, resume)
@@ -368,25 +446,46 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
         checkpoint.save_config(run_dir, config)
         atomic_write_text(run_dir / "data_summary.json", json.dumps(data.summary, indent=2))
     model = build_model(config.model).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
+    )
     schedule = inverse_sqrt(t.warmup_steps)
-    state = {"step": 0, "epoch": 0, "batch": 0, "best_bleu": -1.0, "best_step": 0, "bad_validations": 0,
-             "bad_steps": 0, "elapsed": 0.0, "stop_reason": None}
+    state = {
+        "step": 0,
+        "epoch": 0,
+        "batch": 0,
+        "best_bleu": -1.0,
+        "best_step": 0,
+        "bad_validations": 0,
+        "bad_steps": 0,
+        "elapsed": 0.0,
+        "stop_reason": None,
+    }
     if resume:
-        state.update(checkpoint.load_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer,
-                                                    runtime.rank))
+        state.update(
+            checkpoint.load_training_state(
+                run_dir / checkpoint.LAST_FILE, model, optimizer, runtime.rank
+            )
+        )
         state["stop_reason"] = None
     dtype = autocast_dtype(t.precision, device)
     ddp = nn.parallel.DistributedDataParallel(model) if runtime.world > 1 else model
-    sampler = TokenBatchSampler([len(s) + 1 for s in data.train_src], [len(x) + 1 for x in data.train_tgt],
-                                config.data.max_tokens, t.seed)
+    sampler = TokenBatchSampler(
+        [len(s) + 1 for s in data.train_src],
+        [len(x) + 1 for x in data.train_tgt],
+        config.data.max_tokens,
+        t.seed,
+    )
     log = MetricsLog(run_dir, runtime.main, tensorboard, state["step"] if resume else None)
     if runtime.main:
-        say(f"{data.summary['source']}: " + ", ".join(f"{k} {v}" for k, v in data.summary["pairs"].items())
+        say(
+            f"{data.summary['source']}: "
+            + ", ".join(f"{k} {v}" for k, v in data.summary["pairs"].items())
             + f"; dropped {data.summary['dropped'] or 'none'}; model {sum(p.numel() for p in model.parameters()):,}"
             f" parameters; {'bf16 autocast' if dtype else 'fp32'} on {device}"
             + (f" x{runtime.world} processes" if runtime.world > 1 else "")
-            + (f"; resuming at step {state['step']}" if resume else ""))
+            + (f"; resuming at step {state['step']}" if resume else "")
+        )
     started = time.time() - state["elapsed"]
 
     def save_last() -> None:
@@ -395,7 +494,9 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
         rng = gather(runtime, checkpoint.rng_state())
         if runtime.main:
             state["elapsed"] = time.time() - started
-            checkpoint.save_training_state(run_dir / checkpoint.LAST_FILE, model, optimizer, state, rng)
+            checkpoint.save_training_state(
+                run_dir / checkpoint.LAST_FILE, model, optimizer, state, rng
+            )
 
     def validate() -> None:
         model.eval()
@@ -407,17 +508,32 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
         elapsed = time.time() - started
         if bleu > state["best_bleu"]:
             state.update(best_bleu=bleu, best_step=state["step"], bad_validations=0)
-            checkpoint.save_model(model, run_dir / checkpoint.BEST_FILE, {"step": state["step"], "bleu": bleu})
+            checkpoint.save_model(
+                model, run_dir / checkpoint.BEST_FILE, {"step": state["step"], "bleu": bleu}
+            )
         else:
             state["bad_validations"] += 1
         if t.attention_sentences:
-            save_attention_maps(model, data, t.attention_sentences,
-                                run_dir / "attention" / f"step_{state['step']}", device)
-        values = {"loss": loss, "ppl": math.exp(min(loss, 50)), "bleu": bleu, "best_bleu": state["best_bleu"],
-                  "epoch": state["epoch"], "elapsed_min": elapsed / 60}
+            save_attention_maps(
+                model,
+                data,
+                t.attention_sentences,
+                run_dir / "attention" / f"step_{state['step']}",
+                device,
+            )
+        values = {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 50)),
+            "bleu": bleu,
+            "best_bleu": state["best_bleu"],
+            "epoch": state["epoch"],
+            "elapsed_min": elapsed / 60,
+        }
         log.log("valid", state["step"], values)
-        say(f"step {state['step']} epoch {state['epoch']}: valid loss {loss:.3f} ppl {values['ppl']:.2f} "
-            f"BLEU {bleu:.2f} (best {state['best_bleu']:.2f} at {state['best_step']}) {elapsed / 60:.1f} min")
+        say(
+            f"step {state['step']} epoch {state['epoch']}: valid loss {loss:.3f} ppl {values['ppl']:.2f} "
+            f"BLEU {bleu:.2f} (best {state['best_bleu']:.2f} at {state['best_step']}) {elapsed / 60:.1f} min"
+        )
         model.train()
 
     def stop_reason(signal_name: str | None) -> str | None:
@@ -437,23 +553,41 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
     with StopSignals() as signals:
         while state["stop_reason"] is None and state["epoch"] < t.max_epochs:
             epoch_batches = sampler.batches(state["epoch"])
-            bar = tqdm(total=len(epoch_batches), initial=state["batch"], desc=f"epoch {state['epoch']}",
-                       disable=not (progress and runtime.main), leave=False, dynamic_ncols=True)
+            bar = tqdm(
+                total=len(epoch_batches),
+                initial=state["batch"],
+                desc=f"epoch {state['epoch']}",
+                disable=not (progress and runtime.main),
+                leave=False,
+                dynamic_ncols=True,
+            )
             tick, tick_tokens = time.time(), 0
             while state["batch"] < len(epoch_batches):
                 group = epoch_batches[state["batch"] : state["batch"] + t.accum_steps]
-                loss, n_tokens = train_step(ddp, optimizer, group, data, config, runtime, dtype,
-                                            lr=t.lr * schedule(state["step"] + 1))
+                loss, n_tokens = train_step(
+                    ddp,
+                    optimizer,
+                    group,
+                    data,
+                    config,
+                    runtime,
+                    dtype,
+                    lr=t.lr * schedule(state["step"] + 1),
+                )
                 state["batch"] += len(group)
                 bar.update(len(group))
                 if not math.isfinite(loss):
                     state["bad_steps"] += 1
                     if runtime.main:
-                        say(f"warning: non-finite loss at step {state['step'] + 1}; step skipped "
-                            f"({state['bad_steps']} of at most {t.max_bad_steps})")
+                        say(
+                            f"warning: non-finite loss at step {state['step'] + 1}; step skipped "
+                            f"({state['bad_steps']} of at most {t.max_bad_steps})"
+                        )
                     if state["bad_steps"] > t.max_bad_steps:
-                        raise Seq2SeqError(f"training stopped: {state['bad_steps']} steps with a NaN/Inf loss "
-                                           f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr")
+                        raise Seq2SeqError(
+                            f"training stopped: {state['bad_steps']} steps with a NaN/Inf loss "
+                            f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
+                        )
                     continue
                 state["step"] += 1
                 tick_tokens += n_tokens
@@ -461,8 +595,11 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
                     rate = tick_tokens / max(time.time() - tick, 1e-9)
                     lr = optimizer.param_groups[0]["lr"]
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
-                    log.log("train", state["step"], {"loss": loss, "lr": lr, "tokens_per_s": rate,
-                                                     "epoch": state["epoch"]})
+                    log.log(
+                        "train",
+                        state["step"],
+                        {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": state["epoch"]},
+                    )
                     tick, tick_tokens = time.time(), 0
                 if t.validate_every and state["step"] % t.validate_every == 0:
                     if runtime.main:
@@ -477,7 +614,9 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
                 state.update(epoch=state["epoch"] + 1, batch=0)
                 if not t.validate_every and runtime.main and not (signals.received):
                     validate()
-                state["stop_reason"] = state["stop_reason"] or agree(runtime, stop_reason(signals.received))
+                state["stop_reason"] = state["stop_reason"] or agree(
+                    runtime, stop_reason(signals.received)
+                )
             save_last()
         state["stop_reason"] = state["stop_reason"] or f"max_epochs {t.max_epochs}"
         if runtime.main and state["best_bleu"] < 0 and not signals.received:
@@ -485,13 +624,23 @@ def _train(config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensor
         save_last()
     log.close()
     if runtime.main:
-        say(f"stopped: {state['stop_reason']}; best validation BLEU {state['best_bleu']:.2f} at step "
-            f"{state['best_step']}; {state['step']} steps, {(time.time() - started) / 60:.1f} min; run in {run_dir}")
+        say(
+            f"stopped: {state['stop_reason']}; best validation BLEU {state['best_bleu']:.2f} at step "
+            f"{state['best_step']}; {state['step']} steps, {(time.time() - started) / 60:.1f} min; run in {run_dir}"
+        )
     return agree(runtime, state)  # validation counters live on rank 0
 
 
-def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, group: list[list[int]], data: Prepared,
-               config: Config, runtime: Runtime, dtype, lr: float) -> tuple[float, int]:
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    group: list[list[int]],
+    data: Prepared,
+    config: Config,
+    runtime: Runtime,
+    dtype,
+    lr: float,
+) -> tuple[float, int]:
     """One optimizer step over ``group`` (``accum_steps`` batches); returns the mean loss per
     target token over the whole global batch and its target token count."""
     t = config.train
@@ -503,7 +652,9 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, group: list[l
         weight = 1.0
         if not shard:  # fewer pairs than ranks: take part with zero weight
             shard, weight = idx[:1], 0.0
-        batch: Batch = collate([data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard])
+        batch: Batch = collate(
+            [data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard]
+        )
         batch = batch.to(runtime.device)
         sync = micro == len(group) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
         with contextlib.nullcontext() if sync else model.no_sync(), autocast(runtime.device, dtype):
