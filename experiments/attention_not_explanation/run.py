@@ -1,0 +1,602 @@
+"""Attention is not explanation: what cross-attention maps do and do not tell (issue 7, part 2).
+
+Two models trained from ``config.yaml`` with different seeds (the same recipe and time
+budget, trained at once, one torch thread each) are compared on the test split:
+
+1. test BLEU (greedy) of each seed;
+2. their cross-attention maps for the same sentences, teacher-forced on the reference so
+   the shapes match: Jensen-Shannon divergence between matched layer maps (mean over
+   heads) and the agreement of the rows' argmax source positions;
+3. counterfactual weights: at inference, one layer's (or every layer's) cross-attention
+   weights replaced by uniform or row-permuted ones: how often the greedy output changes
+   and how much BLEU drops;
+4. attention against sensitivity: for each output token (teacher-forced on the model's
+   own greedy output), the source position with the highest attention weight against
+   the one whose masking (key padding mask False in every cross-attention layer) changes
+   the token's probability most.
+
+    python experiments/attention_not_explanation/run.py [--seeds 1 2] [--reuse] [--quick --out DIR]
+
+A full run trains into ``runs/experiments/attention_not_explanation/seed*`` (replacing
+earlier runs there unless ``--reuse``) and writes ``results.json``, the figures and
+``README.md`` into this folder. ``--quick`` trains tiny models on ``data/sample`` for a few
+seconds and writes into ``--out``: a smoke test of the code, not of the claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from multiprocessing import get_context
+from pathlib import Path
+
+import sacrebleu
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor, nn
+
+from seq2seq import checkpoint
+from seq2seq.attention import MultiHeadAttention, attend
+from seq2seq.config import Config, load_config
+from seq2seq.data import collate, load_corpus
+from seq2seq.model import Seq2Seq, padding_mask
+from seq2seq.plotting import plot_attention
+from seq2seq.search import Hypothesis, force_decode
+from seq2seq.tokenizer import BOS_ID, EOS_ID
+from seq2seq.train import batches_of, train, translate_ids
+
+HERE = Path(__file__).resolve().parent
+CPU = torch.device("cpu")
+MAX_TOKENS = 4096  # source tokens per decoding batch
+QUICK = [
+    "data.data=sample",
+    "data.vocab_size=100",
+    "data.max_tokens=256",
+    "data.max_len=60",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "model.n_enc_layers=2",
+    "model.n_dec_layers=2",
+    "model.max_positions=64",
+    "train.max_steps=20",
+    "train.max_time=null",
+    "train.warmup_steps=10",
+]
+MODES = ("uniform", "permuted")
+DPI = 80
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(HERE / "config.yaml"), help="training recipe (YAML)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one model per seed")
+    p.add_argument(
+        "--runs",
+        default="runs/experiments/attention_not_explanation",
+        help="where the models are trained (default: %(default)s)",
+    )
+    p.add_argument("--reuse", action="store_true", help="keep models already trained in --runs")
+    p.add_argument("--jobs", type=int, default=2, help="models trained at once (default: 2)")
+    p.add_argument("--max-sentences", type=int, default=None, help="test sentences (default: all)")
+    p.add_argument("--example", type=int, default=0, help="test sentence drawn as maps")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for the analysis")
+    p.add_argument("--quick", action="store_true", help="tiny models and data; seconds")
+    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    args = p.parse_args()
+    if len(set(args.seeds)) < 2:
+        p.error("--seeds needs at least two different seeds")
+    if args.quick:
+        args.threads = 1
+        args.out = Path(args.out or tempfile.mkdtemp(prefix="attention_not_explanation-"))
+        if args.out.resolve() == HERE:
+            p.error("--quick must not write into the experiment folder")
+        args.runs = str(args.out / "runs")
+    args.out = Path(args.out or HERE)
+    return args
+
+
+# --- training --------------------------------------------------------------------------
+
+
+def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) -> None:
+    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes."""
+    todo = {
+        name: c
+        for name, c in configs.items()
+        if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
+    }
+    with ProcessPoolExecutor(
+        max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
+    ) as pool:
+        futures = [
+            pool.submit(train, c, runs / name, overwrite=True, progress=False)
+            for name, c in todo.items()
+        ]
+        for f in futures:
+            f.result()
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, minutes, best validation BLEU and stop reason of a finished run."""
+    state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
+    return {
+        "steps": state["step"],
+        "minutes": state["elapsed"] / 60,
+        "valid_bleu": state["best_bleu"],
+        "best_step": state["best_step"],
+        "stop": state["stop_reason"],
+    }
+
+
+# --- counterfactual cross-attention ----------------------------------------------------
+
+
+class ReplacedCrossAttention(nn.Module):
+    """Stands in for a decoder layer's cross-attention at inference: the same projections
+    and cache, but the weights are replaced before the values are read.
+
+    ``uniform``: every non-padding source position weighs 1/S_i. ``permuted``: each row of
+    each head keeps its weights but moves them to a random order of the non-padding
+    positions. ``kept``: the real weights (a control: the wrapper itself changes nothing).
+    Only for one source per query row (greedy search, teacher forcing), right-padded.
+
+    Shapes: as ``MultiHeadAttention``: q (B, Tq, D), k = v (B, S, D) -> (B, Tq, D)
+    """
+
+    def __init__(self, inner: MultiHeadAttention, mode: str, seed: int = 0) -> None:
+        super().__init__()
+        self.inner, self.mode = inner, mode
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Tensor | None = None,
+        need_weights: bool = False,
+        cache=None,
+    ) -> tuple[Tensor, Tensor | None]:
+        m = self.inner
+        b, tq, _ = q.shape
+        qh = m.q_proj(q).view(b, tq, m.n_heads, m.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
+        kh, vh = m._split_kv(k, v, cache)  # (B, G, S, Dh)
+        if kh.shape[0] != b:
+            raise ValueError("ReplacedCrossAttention takes one source per query row")
+        _, weights = attend(qh, kh, vh, allowed, need_weights=True)  # (B, H, Tq, S)
+        weights = self.replace(weights, allowed)
+        vh = vh.repeat_interleave(m.n_heads // m.n_kv_heads, dim=1)  # (B, H, S, Dh)
+        out = (weights @ vh).transpose(1, 2).reshape(b, tq, m.d_model)  # (B, Tq, D)
+        return m.out_proj(out), weights if need_weights else None
+
+    def replace(self, weights: Tensor, allowed: Tensor | None) -> Tensor:
+        keep = (
+            torch.ones_like(weights, dtype=torch.bool)
+            if allowed is None
+            else allowed.expand_as(weights)
+        )
+        if self.mode == "kept":
+            return weights
+        if self.mode == "uniform":
+            w = keep.float()
+            return w / w.sum(-1, keepdim=True)
+        s = weights.shape[-1]
+        # Padding sorts last and in place (right padding): only real positions are shuffled.
+        key = torch.where(
+            keep,
+            torch.rand(weights.shape, generator=self.generator),
+            2.0 + torch.arange(s, dtype=weights.dtype),
+        )
+        return weights.gather(-1, key.argsort(-1))
+
+
+@contextmanager
+def replaced(model: Seq2Seq, layers: list[int], mode: str) -> Iterator[None]:
+    saved = {i: model.decoder_layers[i].cross_attn for i in layers}
+    for i in layers:
+        model.decoder_layers[i].cross_attn = ReplacedCrossAttention(saved[i], mode, seed=i)
+    try:
+        yield
+    finally:
+        for i, attn in saved.items():
+            model.decoder_layers[i].cross_attn = attn
+
+
+# --- measurements ----------------------------------------------------------------------
+
+
+def greedy(model: Seq2Seq, src_ids: list[list[int]]) -> list[Hypothesis]:
+    return translate_ids(model, src_ids, MAX_TOKENS, CPU, None)
+
+
+def bleu(tok, hyps: list[Hypothesis], refs: list[str]) -> float:
+    return sacrebleu.corpus_bleu([tok.decode(h.tokens, "tgt") for h in hyps], [refs]).score
+
+
+def head_mean_maps(
+    model: Seq2Seq, src_ids: list[list[int]], tgt_ids: list[list[int]]
+) -> list[Tensor]:
+    """Teacher-forced cross-attention, mean over heads, per sentence: (L, T + 1, S_i)."""
+    maps: list = [None] * len(src_ids)
+    for idx in batches_of(src_ids, tgt_ids, MAX_TOKENS):
+        src = collate([src_ids[i] for i in idx], None).src
+        for i, hyp in zip(idx, force_decode(model, src, [tgt_ids[i] for i in idx]), strict=True):
+            maps[i] = hyp.attention.mean(1)
+    return maps
+
+
+def jsd(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen-Shannon divergence in bits between rows: (..., S) -> (...), in [0, 1]."""
+    m = (p + q) / 2
+
+    def kl(x: Tensor, y: Tensor) -> Tensor:
+        return (x * (x.clamp_min(1e-12).log2() - y.clamp_min(1e-12).log2())).sum(-1)
+
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+
+
+def compare_maps(maps_a: list[Tensor], maps_b: list[Tensor]) -> list[dict]:
+    """Per layer (and for the mean over layers): mean row JSD between the two models, each
+    model's mean row JSD to uniform, row argmax agreement, and the chance agreement 1/S."""
+    n_layers = maps_a[0].shape[0]
+    sums = torch.zeros(n_layers + 1, 5, dtype=torch.float64)  # jsd, jsd_a_u, jsd_b_u, agree, chance
+    rows = 0
+    for a, b in zip(maps_a, maps_b, strict=True):
+        a = torch.cat([a, a.mean(0, keepdim=True)])  # (L + 1, T, S)
+        b = torch.cat([b, b.mean(0, keepdim=True)])
+        uniform = torch.full_like(a, 1.0 / a.shape[-1])
+        sums[:, 0] += jsd(a, b).sum(-1)
+        sums[:, 1] += jsd(a, uniform).sum(-1)
+        sums[:, 2] += jsd(b, uniform).sum(-1)
+        sums[:, 3] += (a.argmax(-1) == b.argmax(-1)).sum(-1)
+        sums[:, 4] += a.shape[1] / a.shape[-1]
+        rows += a.shape[1]
+    means = (sums / rows).tolist()
+    names = [str(i + 1) for i in range(n_layers)] + ["mean"]
+    keys = ("jsd", "jsd_a_uniform", "jsd_b_uniform", "argmax_agree", "chance")
+    return [
+        {"layer": n, **dict(zip(keys, m, strict=True))} for n, m in zip(names, means, strict=True)
+    ]
+
+
+def counterfactuals(model: Seq2Seq, tok, src_ids, refs, base: list[Hypothesis]) -> list[dict]:
+    """Greedy outputs with cross-attention weights replaced, one layer at a time and all."""
+    n_layers = len(model.decoder_layers)
+    base_bleu = bleu(tok, base, refs)
+    settings = [([i], str(i + 1), mode) for mode in MODES for i in range(n_layers)]
+    settings += [(list(range(n_layers)), "all", mode) for mode in (*MODES, "kept")]
+    rows = []
+    for layers, name, mode in settings:
+        with replaced(model, layers, mode):
+            hyps = greedy(model, src_ids)
+        score = bleu(tok, hyps, refs)
+        changed = sum(h.tokens != b.tokens for h, b in zip(hyps, base, strict=True))
+        rows.append(
+            {
+                "layers": name,
+                "mode": mode,
+                "changed": changed / len(base),
+                "bleu": score,
+                "bleu_drop": base_bleu - score,
+            }
+        )
+    return rows
+
+
+def attention_vs_sensitivity(model: Seq2Seq, src_ids, out_ids) -> list[dict]:
+    """For every output token (teacher-forced on the model's own output, EOS step included):
+    does the source position with the highest attention (per layer, mean over heads; and
+    the mean over layers) equal the one whose masking changes the token's probability
+    most? Also with the source EOS left out of both argmaxes."""
+    n_layers = len(model.decoder_layers)
+    agree = torch.zeros(2, n_layers + 1, dtype=torch.float64)  # [all positions, no EOS]
+    chance = torch.zeros(2, dtype=torch.float64)
+    tokens = 0
+    with torch.inference_mode():
+        for src_list, out in zip(src_ids, out_ids, strict=True):
+            src = collate([src_list], None).src  # (1, S)
+            s = src.shape[1]
+            mask = padding_mask(src)
+            memory = model.encode(src, mask)  # (1, S, D)
+            tgt_in = torch.tensor([[BOS_ID, *out]])  # (1, T)
+            target = torch.tensor([*out, EOS_ID])  # (T,)
+            t = target.shape[0]
+            logits, weights = model.decode(tgt_in, memory, mask, need_weights=True)
+            base = logits[0].softmax(-1)[torch.arange(t), target]  # (T,)
+            att = torch.stack([w[0].mean(0) for w in weights])  # (L, T, S)
+            att = torch.cat([att, att.mean(0, keepdim=True)])  # (L + 1, T, S)
+            # Row j masks source position j in every cross-attention layer.
+            masks = ~torch.eye(s, dtype=torch.bool)[:, None, None, :]  # (S, 1, 1, S)
+            masked, _ = model.decode(tgt_in.expand(s, -1), memory.expand(s, -1, -1), masks)
+            probs = masked.softmax(-1)[:, torch.arange(t), target]  # (S, T)
+            effect = (probs - base).abs()  # (S, T)
+            agree[0] += (att.argmax(-1) == effect.argmax(0)).sum(-1)
+            agree[1] += (att[..., :-1].argmax(-1) == effect[:-1].argmax(0)).sum(-1)
+            chance += torch.tensor([t / s, t / (s - 1)], dtype=torch.float64)
+            tokens += t
+    names = [str(i + 1) for i in range(n_layers)] + ["mean"]
+    agree, chance = (agree / tokens).tolist(), (chance / tokens).tolist()
+    return [
+        {
+            "layer": n,
+            "agree": agree[0][i],
+            "agree_no_eos": agree[1][i],
+            "chance": chance[0],
+            "chance_no_eos": chance[1],
+        }
+        for i, n in enumerate(names)
+    ]
+
+
+# --- figures and report ----------------------------------------------------------------
+
+
+def plot_counterfactuals(rows_by_seed: dict[str, list[dict]], path: Path) -> None:
+    fig = Figure(figsize=(9, 3.4))
+    axes = fig.subplots(1, 2)
+    for ax, key, label in (
+        (axes[0], "changed", "% of greedy outputs changed"),
+        (axes[1], "bleu_drop", "BLEU drop"),
+    ):
+        for k, (seed, rows) in enumerate(rows_by_seed.items()):
+            shown = [r for r in rows if r["mode"] != "kept"]
+            xs = [i + 0.4 * k for i in range(len(shown))]
+            ys = [100 * r[key] if key == "changed" else r[key] for r in shown]
+            ax.bar(xs, ys, width=0.4, label=f"seed {seed}")
+        ax.set_xticks([i + 0.2 for i in range(len(shown))])
+        ax.set_xticklabels(
+            [f"{r['mode'][:4]} L{r['layers']}" for r in shown], rotation=60, fontsize=7
+        )
+        ax.set(ylabel=label)
+        ax.legend(fontsize=7)
+    fig.suptitle("cross-attention weights replaced at inference, per decoder layer", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}f}"
+
+
+def readme(r: dict) -> str:
+    seeds = r["seeds"]
+    a, b = seeds[0], seeds[1]
+    train_rows = "\n".join(
+        f"| {s} | {r['training'][s]['steps']} | {r['training'][s]['minutes']:.1f} "
+        f"| {r['training'][s]['valid_bleu']:.2f} | {r['test_bleu'][s]:.2f} |"
+        for s in seeds
+    )
+    gap = abs(r["test_bleu"][a] - r["test_bleu"][b])
+    within = f"The test BLEU of seeds {a} and {b} differs by {gap:.2f}: " + (
+        "within a point."
+        if gap <= 1.0
+        else "**more than a point, so the premise 'equally good models' does not hold in this run**; "
+        "read the map comparison with that in mind."
+    )
+    map_rows = "\n".join(
+        f"| {x['layer']} | {fmt(x['jsd'])} | {fmt(x['jsd_a_uniform'])} | {fmt(x['jsd_b_uniform'])} "
+        f"| {100 * x['argmax_agree']:.1f}% | {100 * x['chance']:.1f}% |"
+        for x in r["maps"]
+    )
+    cf_rows = "\n".join(
+        f"| {s} | {x['layers']} | {x['mode']} | {100 * x['changed']:.1f}% | {x['bleu']:.2f} "
+        f"| {x['bleu_drop']:+.2f} |"
+        for s in seeds
+        for x in r["counterfactual"][s]
+    )
+    sens_rows = "\n".join(
+        f"| {x['layer']} | "
+        + " | ".join(
+            f"{100 * r['sensitivity'][s][i]['agree']:.1f}% / {100 * r['sensitivity'][s][i]['agree_no_eos']:.1f}%"
+            for s in seeds
+        )
+        + f" | {100 * x['chance']:.1f}% / {100 * x['chance_no_eos']:.1f}% |"
+        for i, x in enumerate(r["sensitivity"][a])
+    )
+    kept = [x for s in seeds for x in r["counterfactual"][s] if x["mode"] == "kept"]
+    control = (
+        "The control (wrapper in place, weights kept) changed "
+        + ", ".join(f"{100 * x['changed']:.1f}%" for x in kept)
+        + " of the outputs: "
+        + (
+            "the hook itself is neutral."
+            if all(x["changed"] < 0.01 for x in kept)
+            else "**more than 1%, so the hook itself moves outputs: check it.**"
+        )
+    )
+    seed_cols = " | ".join(f"seed {s}" for s in seeds)
+    return f"""# Attention is not explanation
+
+Issue 7, part 2. A cross-attention map says how much each decoder position read from each
+source position. It is tempting to read it as *why* the model produced a token. Three
+tests of that reading on small de→en Multi30k models, all on the test split
+({r["sentences"]} sentences):
+
+1. **Seeds.** Train the same recipe (`config.yaml`, {r["budget"]}) with different seeds.
+   If the models translate about equally well but attend differently, a map describes
+   one model's route, not the translation's reasons.
+2. **Counterfactual weights.** Replace a layer's cross-attention weights at inference by
+   uniform weights (1/S_i on every source position) or by a random permutation of each
+   row (same weights, other positions), and see how often the greedy output changes.
+3. **Attention against sensitivity.** For each output token, teacher-forced on the
+   model's own greedy output, compare the source position with the highest attention
+   weight to the position whose masking (key padding mask False in every cross-attention
+   layer, nothing else changed) changes that token's probability most.
+
+## 1. Two seeds: BLEU and maps
+
+| seed | steps | minutes | best valid BLEU | test BLEU (greedy) |
+|---|---|---|---|---|
+{train_rows}
+
+{within}
+
+Maps: teacher-forced on the reference (`force_decode`), so both models' maps have the
+same shape; per layer, the mean over heads; "mean" is the mean over layers too. JSD in
+bits per row (0 = identical, 1 = disjoint), averaged over all rows of all sentences;
+JSD to uniform gives the scale (how far from flat each model's rows are). Argmax
+agreement: share of rows where both models' most-attended source position is the same;
+chance: the mean of 1/S_i over rows.
+
+| layer | JSD seed {a} vs {b} | JSD seed {a} vs uniform | JSD seed {b} vs uniform | argmax agreement | chance |
+|---|---|---|---|---|---|
+{map_rows}
+
+Example (test sentence {r["example"]}), mean over heads per layer:
+
+![seed {a}](maps_seed{a}.png)
+![seed {b}](maps_seed{b}.png)
+
+## 2. Counterfactual weights
+
+Share of the {r["sentences"]} greedy outputs that differ from the unmodified model's, and the
+BLEU after the replacement (drop = unmodified minus replaced). Permutations are random per
+row and head, seeded.
+
+| seed | layers replaced | weights | outputs changed | BLEU | BLEU drop |
+|---|---|---|---|---|---|
+{cf_rows}
+
+{control}
+
+![counterfactual](counterfactual.png)
+
+## 3. Attention against sensitivity
+
+Agreement of the most-attended source position with the most influential one (largest
+absolute change of the token's probability when that position is masked), over every
+output token including EOS; "all / without EOS": over all source positions, and with the
+source EOS left out of both argmaxes. Chance = mean of 1/S_i (1/(S_i − 1) without EOS).
+
+| layer | {seed_cols} | chance |
+|---|{"---|" * len(seeds)}---|
+{sens_rows}
+
+## What the numbers can and cannot show
+
+- Different maps at similar BLEU show that the maps are not determined by the task: at
+  most one of two different maps can be "the" alignment. They do not show that either
+  map is irrelevant to its own model; section 2 tests that.
+- An output that survives uniform or permuted weights in a layer did not depend on that
+  layer's particular weights; one that changes did, but the change says nothing about
+  whether the weights were *faithful* (pointing at the position that mattered).
+  Replacing weights also feeds the layers above inputs they never saw in training, so a
+  large drop is partly a distribution shift.
+- The sensitivity test is one probe among many (masking one position at a time misses
+  redundancy: two positions that each suffice look unimportant alone); agreement far
+  above chance says attention and influence often coincide, agreement near chance that
+  the argmax of attention is a poor guide to influence for that layer.
+- Two seeds, one small model, one data set, short training: differences between seeds
+  may shrink or grow with longer training.
+
+## Conclusion (lead: complete after the full run, from the numbers above)
+
+_To be completed after the full run._
+
+## Reproduce
+
+```
+{r["command"]}
+```
+
+Wall time: {r["wall_min"]:.1f} min (training {r["train_min"]:.1f} min, {r["jobs"]} models at a
+time with 1 torch thread each; analysis on {r["threads"]} thread(s)). Models in `{r["runs"]}`.
+Raw numbers: `results.json`.
+"""
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = Path(args.runs)
+    base = load_config(args.config, QUICK if args.quick else [])
+    configs = {}
+    for seed in args.seeds:
+        config = load_config(args.config, [*(QUICK if args.quick else []), f"train.seed={seed}"])
+        configs[f"seed{seed}"] = config
+    train_all(configs, runs, args.reuse, args.jobs)
+    train_min = (time.time() - started) / 60
+    torch.set_num_threads(args.threads)
+
+    loaded = {s: checkpoint.load_run(runs / f"seed{s}") for s in args.seeds}
+    d = base.data
+    pairs = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test).splits[
+        "test"
+    ]
+    pairs = pairs[: args.max_sentences]
+    refs = [t for _, t in pairs]
+    ids = {}
+    for s, (config, tok, _) in loaded.items():
+        limit = config.model.max_positions - 1
+        ids[s] = (
+            [x[:limit] for x in tok.encode_batch([p for p, _ in pairs], "src")],
+            [x[: limit - 1] for x in tok.encode_batch(refs, "tgt")],
+        )
+    first = args.seeds[0]
+    if any(ids[s] != ids[first] for s in args.seeds):
+        raise SystemExit(
+            "the seeds' tokenizers split the test set differently: maps cannot be matched"
+        )
+    src_ids, ref_ids = ids[first]
+    tok = loaded[first][1]
+
+    results: dict = {
+        "seeds": args.seeds,
+        "sentences": len(pairs),
+        "example": args.example,
+        "budget": f"{base.train.max_time} min"
+        if base.train.max_time
+        else f"{base.train.max_steps} steps",
+        "training": {},
+        "test_bleu": {},
+        "counterfactual": {},
+        "sensitivity": {},
+    }
+    maps = {}
+    for s, (_, _, model) in loaded.items():
+        results["training"][s] = training_summary(runs / f"seed{s}")
+        hyps = greedy(model, src_ids)
+        results["test_bleu"][s] = bleu(tok, hyps, refs)
+        maps[s] = head_mean_maps(model, src_ids, ref_ids)
+        results["counterfactual"][s] = counterfactuals(model, tok, src_ids, refs, hyps)
+        results["sensitivity"][s] = attention_vs_sensitivity(
+            model, src_ids, [h.tokens for h in hyps]
+        )
+        example = force_decode(
+            model, collate([src_ids[args.example]], None).src, [ref_ids[args.example]]
+        )[0]
+        plot_attention(
+            example.attention.numpy(),
+            tok.pieces(src_ids[args.example] + [EOS_ID], "src"),
+            tok.pieces(ref_ids[args.example] + [EOS_ID], "tgt"),
+            args.out / f"maps_seed{s}.png",
+            heads="mean",
+            title=f"seed {s}: cross-attention, mean over heads",
+            dpi=DPI,
+        )
+    results["maps"] = compare_maps(maps[first], maps[args.seeds[1]])
+    plot_counterfactuals(results["counterfactual"], args.out / "counterfactual.png")
+    results.update(
+        command="python " + " ".join(sys.argv),
+        runs=str(runs),
+        jobs=args.jobs,
+        threads=args.threads,
+        train_min=train_min,
+        wall_min=(time.time() - started) / 60,
+    )
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
+    print(f"wrote {args.out}/README.md, results.json and figures in {results['wall_min']:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""MHA, GQA, MQA and MLA under one training budget: size, KV cache, speed, BLEU (issue 7, part 3).
+
+The same small model (``config.yaml``) is trained once per attention variant
+(``variants.yaml``: g = 8 key/value heads, g = 2, g = 1, and the MLA-style latent cache),
+two at a time with one torch thread each. Then, per variant:
+
+- parameters;
+- decoder self-attention KV cache per generated token and sentence: the formula
+  (``2 * L * g * Dh * bytes``; MLA ``L * d_latent * bytes``) against the bytes the
+  ``DecoderCache`` holds (``.size()["self_bytes"]``) after T steps, divided by T and B;
+- decoding speed: greedy search with EOS banned, batch 64, 128 output tokens, median of
+  interleaved rounds;
+- greedy BLEU on the test split.
+
+    python experiments/kv_heads/run.py [--reuse] [--quick --out DIR]
+
+A full run trains into ``runs/experiments/kv_heads/VARIANT`` (replacing earlier runs there
+unless ``--reuse``) and writes ``results.json``, ``README.md`` and a figure into this
+folder. ``--quick`` trains tiny models on ``data/sample`` for a few seconds and writes into
+``--out``: a smoke test of the code, not of the claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import sacrebleu
+import torch
+import yaml
+from matplotlib.figure import Figure
+
+from seq2seq import checkpoint
+from seq2seq.config import Config, load_config
+from seq2seq.data import collate, load_corpus
+from seq2seq.model import Seq2Seq, count_parameters, padding_mask
+from seq2seq.search import greedy_search
+from seq2seq.tokenizer import BOS_ID
+from seq2seq.train import train, translate_ids
+
+HERE = Path(__file__).resolve().parent
+CPU = torch.device("cpu")
+QUICK = [
+    "data.data=sample",
+    "data.vocab_size=100",
+    "data.max_tokens=256",
+    "data.max_len=60",
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "model.n_enc_layers=2",
+    "model.n_dec_layers=2",
+    "model.max_positions=64",
+    "train.max_steps=10",
+    "train.max_time=null",
+    "train.warmup_steps=5",
+]
+DPI = 80
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=str(HERE / "config.yaml"), help="shared recipe (YAML)")
+    p.add_argument("--variants", default=str(HERE / "variants.yaml"), help="variants (YAML)")
+    p.add_argument(
+        "--runs",
+        default="runs/experiments/kv_heads",
+        help="where the models are trained (default: %(default)s)",
+    )
+    p.add_argument("--reuse", action="store_true", help="keep models already trained in --runs")
+    p.add_argument("--jobs", type=int, default=2, help="models trained at once (default: 2)")
+    p.add_argument("--batch", type=int, default=64, help="sentences per speed test batch")
+    p.add_argument("--steps", type=int, default=128, help="output tokens in the speed test")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds per variant")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for evaluation and timing")
+    p.add_argument("--quick", action="store_true", help="tiny models and data; seconds")
+    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    args = p.parse_args()
+    if args.quick:
+        args.threads, args.batch, args.steps, args.rounds = 1, 4, 16, 1
+        args.out = Path(args.out or tempfile.mkdtemp(prefix="kv_heads-"))
+        if args.out.resolve() == HERE:
+            p.error("--quick must not write into the experiment folder")
+        args.runs = str(args.out / "runs")
+    args.out = Path(args.out or HERE)
+    return args
+
+
+def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) -> None:
+    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes."""
+    todo = {
+        name: c
+        for name, c in configs.items()
+        if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
+    }
+    with ProcessPoolExecutor(
+        max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
+    ) as pool:
+        futures = [
+            pool.submit(train, c, runs / name, overwrite=True, progress=False)
+            for name, c in todo.items()
+        ]
+        for f in futures:
+            f.result()
+
+
+def training_summary(run_dir: Path) -> dict:
+    """Steps, minutes, best validation BLEU and stop reason of a finished run."""
+    state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
+    return {
+        "steps": state["step"],
+        "minutes": state["elapsed"] / 60,
+        "valid_bleu": state["best_bleu"],
+        "stop": state["stop_reason"],
+    }
+
+
+def cache_bytes(model: Seq2Seq, src: torch.Tensor, steps: int) -> dict:
+    """Bytes the decoder cache holds after ``steps`` tokens, per token and sentence (self-
+    attention) and per source position and sentence (cross-attention), with the formulas."""
+    c = model.config
+    g = c.n_kv_heads or c.n_heads
+    d_head = c.d_model // c.n_heads
+    cache = model.new_cache()
+    with torch.inference_mode():
+        mask = padding_mask(src)
+        memory = model.encode(src, mask)
+        token = torch.full((src.shape[0], 1), BOS_ID)
+        for _ in range(steps):
+            logits, _ = model.decode(token, memory, mask, cache)
+            token = logits[:, -1:].argmax(-1)
+    size = cache.size()
+    b, s = src.shape
+    element = next(model.parameters()).element_size()
+    per_token = c.d_latent if c.d_latent else 2 * g * d_head
+    return {
+        "self_formula": c.n_dec_layers * per_token * element,
+        "self_measured": size["self_bytes"] / (steps * b),
+        "cross_formula": c.n_dec_layers * 2 * g * d_head * element,
+        "cross_measured": size["cross_bytes"] / (s * b),
+    }
+
+
+def decode_speed(models: dict[str, Seq2Seq], src: torch.Tensor, steps: int, rounds: int) -> dict:
+    """Output tokens per second of greedy search with EOS banned, median of rounds that
+    take the variants in turn, so drift in the machine's load hits them alike."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():  # warm-up
+        greedy_search(model, src[:2], 0.0, 2, ban_eos=True)
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            hyps = greedy_search(model, src, 0.0, steps, ban_eos=True)
+            times[name].append(time.perf_counter() - start)
+            assert all(len(h.tokens) == steps for h in hyps)
+    return {name: src.shape[0] * steps / statistics.median(t) for name, t in times.items()}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    fig = Figure(figsize=(10, 3.2))
+    axes = fig.subplots(1, 3)
+    names = [r["variant"] for r in rows]
+    for ax, key, label in (
+        (axes[0], "self_measured", "self-attn KV cache, bytes/token/sentence"),
+        (axes[1], "tokens_per_s", "decode tokens/s (EOS banned)"),
+        (axes[2], "test_bleu", "test BLEU (greedy)"),
+    ):
+        ax.bar(names, [r[key] for r in rows], color="tab:blue")
+        ax.set_title(label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+
+
+def readme(r: dict) -> str:
+    rows = r["rows"]
+    table = "\n".join(
+        f"| {x['variant']} | {x['g']} | {x['d_latent'] or '-'} | {x['parameters']:,} "
+        f"| {x['self_formula']:,} | {x['self_measured']:,.0f} | {x['cross_formula']:,} "
+        f"| {x['cross_measured']:,.0f} | {x['tokens_per_s']:,.0f} | {x['test_bleu']:.2f} "
+        f"| {x['steps']} | {x['valid_bleu']:.2f} |"
+        for x in rows
+    )
+    match = all(x["self_formula"] == x["self_measured"] for x in rows)
+    check = (
+        "The measured self-attention cache equals the formula for every variant."
+        if match
+        else "**The measured self-attention cache differs from the formula for at least "
+        "one variant: look into it.**"
+    )
+    base = rows[0]
+    ratios = ", ".join(
+        f"{x['variant']} {x['self_measured'] / base['self_measured']:.3f}× the cache, "
+        f"{x['tokens_per_s'] / base['tokens_per_s']:.2f}× the speed, "
+        f"{x['test_bleu'] - base['test_bleu']:+.2f} BLEU"
+        for x in rows[1:]
+    )
+    return f"""# MHA, GQA, MQA and MLA: cache, speed and quality under one budget
+
+Issue 7, part 3. The decoder's KV cache grows by one entry per generated token and layer.
+With g key/value heads of width Dh, each entry holds a key and a value per head:
+2·g·Dh numbers per layer, so 2·L·g·Dh·bytes per generated token and sentence. MHA has g =
+H, GQA 1 < g < H (query heads share key/value heads in groups), MQA g = 1. The MLA-style
+variant (`model.d_latent`, simplified from DeepSeek-V2 for absolute positions) caches one
+latent vector of d_latent numbers per token and layer and up-projects K and V from it.
+Here it applies to self-attention only; its cross-attention stays MHA.
+
+Every variant trains the same recipe (`config.yaml` + one line of `variants.yaml`) for the
+same wall-clock budget ({r["budget"]}, {r["jobs"]} at a time, 1 torch thread each), so a
+faster variant also gets more steps: BLEU compares recipes under a budget, not the
+architectures at convergence.
+
+## Results
+
+Test split: {r["sentences"]} sentences. Speed: greedy search, batch {r["batch"]}, EOS banned,
+{r["steps"]} output tokens per sentence, median of {r["rounds"]} interleaved rounds on
+{r["threads"]} torch thread(s), fp32 on CPU. Cache: measured with `DecoderCache.size()` after
+{r["cache_steps"]} steps of batch {r["cache_batch"]}; cross-attention per source position and
+sentence, computed once per sentence.
+
+| variant | g | d_latent | parameters | self-attn cache formula (B/token) | measured | cross-attn cache formula (B/source token) | measured | decode tokens/s | test BLEU | train steps | best valid BLEU |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+{table}
+
+{check}
+
+Against {base["variant"]}: {ratios}.
+
+![kv_heads](kv_heads.png)
+
+## What the numbers can and cannot show
+
+- The cache sizes are exact bookkeeping: what the formula predicts is what the cache
+  holds. They scale with batch and output length; the per-token numbers do not.
+- Speed on a CPU at this model size is dominated by the matmuls of the projections and
+  the feed-forward, not by reading the cache, so a smaller cache need not mean faster
+  decoding here; on accelerators at long contexts and large batches, where decoding is
+  bound by memory bandwidth, the cache matters more. MLA's up-projection of the whole
+  cached latent at every step costs extra compute in this simple implementation.
+- BLEU after a few minutes of training on one seed says little about differences of a
+  point or two; only a clear gap would be worth reporting.
+
+## Conclusion (lead: complete after the full run, from the numbers above)
+
+_To be completed after the full run._
+
+## Reproduce
+
+```
+{r["command"]}
+```
+
+Wall time: {r["wall_min"]:.1f} min (training {r["train_min"]:.1f} min). Models in `{r["runs"]}`.
+Raw numbers: `results.json`.
+"""
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.time()
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs = Path(args.runs)
+    variants = yaml.safe_load(Path(args.variants).read_text(encoding="utf-8"))
+    quick = QUICK if args.quick else []
+    configs = {name: load_config(args.config, [*quick, *sets]) for name, sets in variants.items()}
+    train_all(configs, runs, args.reuse, args.jobs)
+    train_min = (time.time() - started) / 60
+    torch.set_num_threads(args.threads)
+
+    loaded = {name: checkpoint.load_run(runs / name) for name in variants}
+    d = next(iter(configs.values())).data
+    pairs = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test).splits[
+        "test"
+    ]
+    refs = [t for _, t in pairs]
+    models, rows, speed_src = {}, [], {}
+    cache_batch, cache_steps = min(8, args.batch), min(32, args.steps)
+    for name, (config, tok, model) in loaded.items():
+        limit = config.model.max_positions - 1
+        src_ids = [x[:limit] for x in tok.encode_batch([s for s, _ in pairs], "src")]
+        hyps = translate_ids(model, src_ids, config.decode.max_tokens, CPU, None)
+        bleu = sacrebleu.corpus_bleu([tok.decode(h.tokens, "tgt") for h in hyps], [refs]).score
+        speed_src[name] = collate(src_ids[: args.batch], None).src
+        models[name] = model
+        c = config.model
+        rows.append(
+            {
+                "variant": name,
+                "g": c.n_kv_heads or c.n_heads,
+                "d_latent": c.d_latent,
+                "parameters": count_parameters(model),
+                "test_bleu": bleu,
+                **cache_bytes(model, speed_src[name][:cache_batch], cache_steps),
+                **training_summary(runs / name),
+            }
+        )
+    # One source batch for every variant: EOS banned, the output length is fixed and the
+    # source's content barely matters to the time (its length does: the same for all).
+    src = next(iter(speed_src.values()))
+    for row, speed in zip(
+        rows, decode_speed(models, src, args.steps, args.rounds).values(), strict=True
+    ):
+        row["tokens_per_s"] = speed
+    plot(rows, args.out / "kv_heads.png")
+    t = next(iter(configs.values())).train
+    results = {
+        "rows": rows,
+        "sentences": len(pairs),
+        "batch": args.batch,
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "threads": args.threads,
+        "jobs": args.jobs,
+        "cache_batch": cache_batch,
+        "cache_steps": cache_steps,
+        "budget": f"{t.max_time} min" if t.max_time else f"{t.max_steps} steps",
+        "command": "python " + " ".join(sys.argv),
+        "runs": str(runs),
+        "train_min": train_min,
+        "wall_min": (time.time() - started) / 60,
+    }
+    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
+    print(f"wrote {args.out}/README.md, results.json and a figure in {results['wall_min']:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Every experiment script runs end to end in ``--quick`` mode (tiny models on data/sample),
+so the scripts cannot rot between full runs. The four run at once, one torch thread each,
+and each writes its README, results and figures into a temporary folder."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from matplotlib.image import imread
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ("length_from_decoding", "attention_not_explanation", "kv_heads", "kv_cache")
+
+
+def test_experiments_run_in_quick_mode(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    committed = {name: _readme_bytes(name) for name in EXPERIMENTS}
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "experiments" / name / "run.py"),
+                "--quick",
+                "--out",
+                str(tmp_path / name),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name in EXPERIMENTS
+    }
+    logs = {name: p.communicate(timeout=600)[0] for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, f"{name} failed:\n{logs[name][-3000:]}"
+        out = tmp_path / name
+        readme = (out / "README.md").read_text(encoding="utf-8")
+        assert "--quick" in readme and "## Reproduce" in readme
+        json.loads((out / "results.json").read_text(encoding="utf-8"))
+        figures = sorted(out.glob("*.png"))
+        assert figures, f"{name} wrote no figure"
+        for figure in figures:
+            assert imread(figure).ndim == 3
+        assert _readme_bytes(name) == committed[name], f"--quick touched {name}/README.md"
+
+
+def _readme_bytes(name: str) -> bytes | None:
+    path = REPO / "experiments" / name / "README.md"
+    return path.read_bytes() if path.exists() else None
