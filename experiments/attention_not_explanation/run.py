@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -112,6 +113,8 @@ def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) ->
         for name, c in configs.items()
         if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
     }
+    for name in todo:
+        shutil.rmtree(runs / name, ignore_errors=True)  # no stale files from an earlier run
     with ProcessPoolExecutor(
         max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
     ) as pool:
