@@ -122,6 +122,11 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             return value
         raise Seq2SeqError(f"config {where}: expected an integer, got {value!r}")
     if annotation is float:
+        if isinstance(value, str):  # YAML 1.1 reads "5e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise Seq2SeqError(f"config {where}: expected a number, got {value!r}")
@@ -246,6 +251,11 @@ def validate(config: Config) -> None:
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
         (t.device in ("auto", "cpu", "cuda"), "train.device must be 'auto', 'cpu' or 'cuda'"),
         (t.max_time is None or t.max_time > 0, "train.max_time must be positive (minutes)"),
+        (t.log_every >= 1, "train.log_every must be >= 1"),
+        (t.patience >= 1, "train.patience must be >= 1"),
+        (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
+        (t.threads is None or t.threads >= 1, "train.threads must be >= 1"),
+        (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
         (
             t.clip_norm >= 0 and t.max_bad_steps >= 0,
             "train.clip_norm and train.max_bad_steps must be >= 0",

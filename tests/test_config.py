@@ -59,10 +59,6 @@ def test_file_then_set_overrides_in_order(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.py: PyYAML (YAML 1.1) reads '5e-4' (no dot) as a string, so the --help example is refused",
-)
 def test_set_accepts_exponent_floats():
     assert load_config(None, ["train.lr=5e-4"]).train.lr == 5e-4
 
@@ -131,9 +127,6 @@ def test_absurd_values_are_rejected(overrides, match):
     one_line_error(overrides, match)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="config.validate does not check these; log_every=0 crashes the loop (% 0)"
-)
 @pytest.mark.parametrize(
     "override",
     [
