@@ -4,9 +4,9 @@ length limits, n-best order, attention shapes and back-pointer tracing (== force
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import V
+from helpers import tiny_model as tiny
 
-from seq2seq.config import ModelConfig
-from seq2seq.model import build_model
 from seq2seq.search import (
     SearchConfig,
     beam_search,
@@ -17,25 +17,6 @@ from seq2seq.search import (
     translate_batch,
 )
 from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-V = 20
-
-
-def tiny(n_kv_heads=None, d_latent=None, seed=0, **overrides):
-    torch.manual_seed(seed)
-    sizes = dict(
-        src_vocab_size=V,
-        tgt_vocab_size=V,
-        d_model=32,
-        n_heads=4,
-        d_ff=64,
-        n_enc_layers=2,
-        n_dec_layers=2,
-        dropout=0.0,
-        max_positions=64,
-    )
-    config = ModelConfig(n_kv_heads=n_kv_heads, d_latent=d_latent, **{**sizes, **overrides})
-    return build_model(config).eval()
 
 
 def sources(lengths, width=None, seed=1):
