@@ -26,15 +26,10 @@ seconds and writes into ``--out``: a smoke test of the code, not of the claims.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from multiprocessing import get_context
 from pathlib import Path
 
 import sacrebleu
@@ -44,34 +39,39 @@ from torch import Tensor, nn
 
 from seq2seq import checkpoint
 from seq2seq.attention import MultiHeadAttention, attend
-from seq2seq.config import Config, load_config
-from seq2seq.data import collate, load_corpus
+from seq2seq.config import load_config
+from seq2seq.data import collate
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.plotting import plot_attention
 from seq2seq.search import Hypothesis, force_decode
 from seq2seq.tokenizer import BOS_ID, EOS_ID
-from seq2seq.train import batches_of, train, translate_ids
+from seq2seq.train import batches_of, translate_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
+from common import (  # noqa: E402
+    DPI,
+    QUICK_MODEL,
+    budget,
+    command,
+    load_pairs,
+    minutes_since,
+    output_dir,
+    save_figure,
+    train_all,
+    training_summary,
+    write_outputs,
+)
 
 HERE = Path(__file__).resolve().parent
 CPU = torch.device("cpu")
 MAX_TOKENS = 4096  # source tokens per decoding batch
 QUICK = [
-    "data.data=sample",
-    "data.vocab_size=100",
-    "data.max_tokens=256",
-    "data.max_len=60",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=2",
-    "model.n_dec_layers=2",
-    "model.max_positions=64",
+    *QUICK_MODEL,
     "train.max_steps=20",
     "train.max_time=null",
     "train.warmup_steps=10",
 ]
 MODES = ("uniform", "permuted")
-DPI = 80
 
 
 def parse_args() -> argparse.Namespace:
@@ -95,47 +95,10 @@ def parse_args() -> argparse.Namespace:
         p.error("--seeds needs at least two different seeds")
     if args.quick:
         args.threads = 1
-        args.out = Path(args.out or tempfile.mkdtemp(prefix="attention_not_explanation-"))
-        if args.out.resolve() == HERE:
-            p.error("--quick must not write into the experiment folder")
+    args.out = output_dir(p, args.out, args.quick, HERE)
+    if args.quick:
         args.runs = str(args.out / "runs")
-    args.out = Path(args.out or HERE)
     return args
-
-
-# --- training --------------------------------------------------------------------------
-
-
-def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) -> None:
-    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes."""
-    todo = {
-        name: c
-        for name, c in configs.items()
-        if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
-    }
-    for name in todo:
-        shutil.rmtree(runs / name, ignore_errors=True)  # no stale files from an earlier run
-    with ProcessPoolExecutor(
-        max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
-    ) as pool:
-        futures = [
-            pool.submit(train, c, runs / name, overwrite=True, progress=False)
-            for name, c in todo.items()
-        ]
-        for f in futures:
-            f.result()
-
-
-def training_summary(run_dir: Path) -> dict:
-    """Steps, minutes, best validation BLEU and stop reason of a finished run."""
-    state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
-    return {
-        "steps": state["step"],
-        "minutes": state["elapsed"] / 60,
-        "valid_bleu": state["best_bleu"],
-        "best_step": state["best_step"],
-        "stop": state["stop_reason"],
-    }
 
 
 # --- counterfactual cross-attention ----------------------------------------------------
@@ -360,8 +323,7 @@ def plot_counterfactuals(rows_by_seed: dict[str, list[dict]], path: Path) -> Non
         ax.set(ylabel=label)
         ax.legend(fontsize=7)
     fig.suptitle("cross-attention weights replaced at inference, per decoder layer", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -526,14 +488,12 @@ def main() -> int:
         config = load_config(args.config, [*(QUICK if args.quick else []), f"train.seed={seed}"])
         configs[f"seed{seed}"] = config
     train_all(configs, runs, args.reuse, args.jobs)
-    train_min = (time.time() - started) / 60
+    train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
 
     loaded = {s: checkpoint.load_run(runs / f"seed{s}") for s in args.seeds}
     d = base.data
-    pairs = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test).splits[
-        "test"
-    ]
+    pairs = load_pairs(d)
     pairs = pairs[: args.max_sentences]
     refs = [t for _, t in pairs]
     ids = {}
@@ -555,9 +515,7 @@ def main() -> int:
         "seeds": args.seeds,
         "sentences": len(pairs),
         "example": args.example,
-        "budget": f"{base.train.max_time} min"
-        if base.train.max_time
-        else f"{base.train.max_steps} steps",
+        "budget": budget(base.train),
         "training": {},
         "test_bleu": {},
         "counterfactual": {},
@@ -565,7 +523,7 @@ def main() -> int:
     }
     maps = {}
     for s, (_, _, model) in loaded.items():
-        results["training"][s] = training_summary(runs / f"seed{s}")
+        results["training"][s] = training_summary(runs / f"seed{s}", best_step=True)
         hyps = greedy(model, src_ids)
         results["test_bleu"][s] = bleu(tok, hyps, refs)
         maps[s] = head_mean_maps(model, src_ids, ref_ids)
@@ -588,16 +546,14 @@ def main() -> int:
     results["maps"] = compare_maps(maps[first], maps[args.seeds[1]])
     plot_counterfactuals(results["counterfactual"], args.out / "counterfactual.png")
     results.update(
-        command="python " + " ".join(sys.argv),
+        command=command(),
         runs=str(runs),
         jobs=args.jobs,
         threads=args.threads,
         train_min=train_min,
-        wall_min=(time.time() - started) / 60,
+        wall_min=minutes_since(started),
     )
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
-    print(f"wrote {args.out}/README.md, results.json and figures in {results['wall_min']:.1f} min")
+    write_outputs(args.out, results, readme, "figures", indent=1)
     return 0
 
 

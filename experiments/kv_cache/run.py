@@ -20,10 +20,8 @@ A full run writes ``results.json``, ``README.md`` and a figure into this folder.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +33,10 @@ from seq2seq.model import Seq2Seq, build_model, padding_mask
 from seq2seq.search import greedy_search
 from seq2seq.tokenizer import BOS_ID, EOS_ID
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
+from common import command, minutes_since, output_dir, save_figure, write_outputs  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-DPI = 80
 
 
 def parse_args() -> argparse.Namespace:
@@ -57,10 +57,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.threads, args.lengths, args.batch, args.src_len, args.rounds = 1, [4, 8, 16], 4, 6, 1
-        args.out = Path(args.out or tempfile.mkdtemp(prefix="kv_cache-"))
-        if args.out.resolve() == HERE:
-            p.error("--quick must not write into the experiment folder")
-    args.out = Path(args.out or HERE)
+    args.out = output_dir(p, args.out, args.quick, HERE)
     return args
 
 
@@ -152,8 +149,7 @@ def plot(rows: list[dict], steps: dict[str, list[float]], path: Path) -> None:
         ax2.plot(range(1, len(times) + 1), [1000 * t for t in times], lw=0.8, label=name)
     ax2.set(xlabel="step (prefix length)", ylabel="ms per step", title="cost of each step")
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 def readme(r: dict) -> str:
@@ -250,12 +246,10 @@ def main() -> int:
         "src_len": args.src_len,
         "rounds": args.rounds,
         "threads": args.threads,
-        "command": "python " + " ".join(sys.argv),
-        "wall_min": (time.time() - started) / 60,
+        "command": command(),
+        "wall_min": minutes_since(started),
     }
-    (args.out / "results.json").write_text(json.dumps(results) + "\n", encoding="utf-8")
-    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
-    print(f"wrote {args.out}/README.md, results.json and a figure in {results['wall_min']:.1f} min")
+    write_outputs(args.out, results, readme, "a figure")
     return 0
 
 

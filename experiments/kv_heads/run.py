@@ -23,14 +23,9 @@ folder. ``--quick`` trains tiny models on ``data/sample`` for a few seconds and 
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import sacrebleu
@@ -39,31 +34,35 @@ import yaml
 from matplotlib.figure import Figure
 
 from seq2seq import checkpoint
-from seq2seq.config import Config, load_config
-from seq2seq.data import collate, load_corpus
+from seq2seq.config import load_config
+from seq2seq.data import collate
 from seq2seq.model import Seq2Seq, count_parameters, padding_mask
 from seq2seq.search import greedy_search
 from seq2seq.tokenizer import BOS_ID
-from seq2seq.train import train, translate_ids
+from seq2seq.train import translate_ids
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
+from common import (  # noqa: E402
+    QUICK_MODEL,
+    budget,
+    command,
+    load_pairs,
+    minutes_since,
+    output_dir,
+    save_figure,
+    train_all,
+    training_summary,
+    write_outputs,
+)
 
 HERE = Path(__file__).resolve().parent
 CPU = torch.device("cpu")
 QUICK = [
-    "data.data=sample",
-    "data.vocab_size=100",
-    "data.max_tokens=256",
-    "data.max_len=60",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=2",
-    "model.n_dec_layers=2",
-    "model.max_positions=64",
+    *QUICK_MODEL,
     "train.max_steps=10",
     "train.max_time=null",
     "train.warmup_steps=5",
 ]
-DPI = 80
 
 
 def parse_args() -> argparse.Namespace:
@@ -86,43 +85,10 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.threads, args.batch, args.steps, args.rounds = 1, 4, 16, 1
-        args.out = Path(args.out or tempfile.mkdtemp(prefix="kv_heads-"))
-        if args.out.resolve() == HERE:
-            p.error("--quick must not write into the experiment folder")
+    args.out = output_dir(p, args.out, args.quick, HERE)
+    if args.quick:
         args.runs = str(args.out / "runs")
-    args.out = Path(args.out or HERE)
     return args
-
-
-def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) -> None:
-    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes."""
-    todo = {
-        name: c
-        for name, c in configs.items()
-        if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
-    }
-    for name in todo:
-        shutil.rmtree(runs / name, ignore_errors=True)  # no stale files from an earlier run
-    with ProcessPoolExecutor(
-        max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
-    ) as pool:
-        futures = [
-            pool.submit(train, c, runs / name, overwrite=True, progress=False)
-            for name, c in todo.items()
-        ]
-        for f in futures:
-            f.result()
-
-
-def training_summary(run_dir: Path) -> dict:
-    """Steps, minutes, best validation BLEU and stop reason of a finished run."""
-    state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
-    return {
-        "steps": state["step"],
-        "minutes": state["elapsed"] / 60,
-        "valid_bleu": state["best_bleu"],
-        "stop": state["stop_reason"],
-    }
 
 
 def cache_bytes(model: Seq2Seq, src: torch.Tensor, steps: int) -> dict:
@@ -177,8 +143,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ):
         ax.bar(names, [r[key] for r in rows], color="tab:blue")
         ax.set_title(label, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 def readme(r: dict) -> str:
@@ -273,14 +238,12 @@ def main() -> int:
     quick = QUICK if args.quick else []
     configs = {name: load_config(args.config, [*quick, *sets]) for name, sets in variants.items()}
     train_all(configs, runs, args.reuse, args.jobs)
-    train_min = (time.time() - started) / 60
+    train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
 
     loaded = {name: checkpoint.load_run(runs / name) for name in variants}
     d = next(iter(configs.values())).data
-    pairs = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test).splits[
-        "test"
-    ]
+    pairs = load_pairs(d)
     refs = [t for _, t in pairs]
     models, rows, speed_src = {}, [], {}
     cache_batch, cache_steps = min(8, args.batch), min(32, args.steps)
@@ -322,15 +285,13 @@ def main() -> int:
         "jobs": args.jobs,
         "cache_batch": cache_batch,
         "cache_steps": cache_steps,
-        "budget": f"{t.max_time} min" if t.max_time else f"{t.max_steps} steps",
-        "command": "python " + " ".join(sys.argv),
+        "budget": budget(t),
+        "command": command(),
         "runs": str(runs),
         "train_min": train_min,
-        "wall_min": (time.time() - started) / 60,
+        "wall_min": minutes_since(started),
     }
-    (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
-    print(f"wrote {args.out}/README.md, results.json and a figure in {results['wall_min']:.1f} min")
+    write_outputs(args.out, results, readme, "a figure", indent=1)
     return 0
 
 

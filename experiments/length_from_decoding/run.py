@@ -19,9 +19,7 @@ A full run writes ``results.json``, the figures and ``README.md`` into this fold
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +29,22 @@ from matplotlib.figure import Figure
 
 from seq2seq.checkpoint import load_run
 from seq2seq.config import load_config
-from seq2seq.data import collate, load_corpus
+from seq2seq.data import collate
 from seq2seq.model import Seq2Seq
 from seq2seq.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.tokenizer import EOS_ID
 from seq2seq.train import batches_of, train
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
+from common import (  # noqa: E402
+    QUICK_MODEL,
+    command,
+    load_pairs,
+    minutes_since,
+    output_dir,
+    save_figure,
+    write_outputs,
+)
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 4096  # source tokens per decoding batch
@@ -43,22 +52,12 @@ MAX_TOKENS = 4096  # source tokens per decoding batch
 # compared with. Small ones on purpose: a limit that never binds shows nothing.
 SETTINGS = [(0.5, 2), (1.0, 0), (1.0, 5), (1.5, 10), (2.0, 20)]
 QUICK_RUN = [
-    "data.data=sample",
-    "data.vocab_size=100",
-    "data.max_tokens=256",
-    "data.max_len=60",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=2",
-    "model.n_dec_layers=2",
-    "model.max_positions=64",
+    *QUICK_MODEL,
     "train.max_steps=30",
     "train.warmup_steps=10",
     "train.threads=1",
     "train.attention_sentences=0",
 ]
-DPI = 80
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,10 +73,7 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if args.quick:
         args.threads = 1
-        args.out = Path(args.out or tempfile.mkdtemp(prefix="length_from_decoding-"))
-        if args.out.resolve() == HERE:
-            p.error("--quick must not write into the experiment folder")
-    args.out = Path(args.out or HERE)
+    args.out = output_dir(p, args.out, args.quick, HERE)
     return args
 
 
@@ -224,8 +220,7 @@ def plot_lengths(stats: dict, a: float, b: int, path: Path) -> None:
     for i, v in enumerate(shares.values()):
         ax3.text(i, 100 * v, f"{100 * v:.1f}%", ha="center", va="bottom", fontsize=8)
     ax3.set(ylabel="% of sentences", title="stop reason", ylim=(0, 110))
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 def plot_limits(rows: list[dict], src_lens: list[int], path: Path) -> None:
@@ -258,8 +253,7 @@ def plot_limits(rows: list[dict], src_lens: list[int], path: Path) -> None:
         title="EOS banned: dots = outputs, lines = max_len",
     )
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 def plot_trace(trace: dict, pieces: list[str], banned_pieces: list[str], path: Path) -> None:
@@ -294,8 +288,7 @@ def plot_trace(trace: dict, pieces: list[str], banned_pieces: list[str], path: P
         title="the stop decision, step by step (x labels: the token emitted at that step)",
     )
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    save_figure(fig, path)
 
 
 # --- report ----------------------------------------------------------------------------
@@ -450,9 +443,7 @@ def main() -> int:
         train(load_config(None, QUICK_RUN), run_dir, overwrite=True, progress=False)
     config, tok, model = load_run(run_dir)
     d = config.data
-    pairs = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test).splits[
-        args.split
-    ]
+    pairs = load_pairs(d, args.split)
     limit = config.model.max_positions - 1
     src_ids = [ids[:limit] for ids in tok.encode_batch([s for s, _ in pairs], "src")]
     ref_ids = tok.encode_batch([t for _, t in pairs], "tgt")
@@ -495,12 +486,10 @@ def main() -> int:
         "limits": limits,
         "trace": trace,
         "threads": args.threads,
-        "command": "python " + " ".join(sys.argv),
-        "wall_min": (time.time() - started) / 60,
+        "command": command(),
+        "wall_min": minutes_since(started),
     }
-    (args.out / "results.json").write_text(json.dumps(results) + "\n", encoding="utf-8")
-    (args.out / "README.md").write_text(readme(results), encoding="utf-8")
-    print(f"wrote {args.out}/README.md, results.json and figures in {results['wall_min']:.1f} min")
+    write_outputs(args.out, results, readme, "figures")
     return 0
 
 
