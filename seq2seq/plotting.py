@@ -31,9 +31,12 @@ from typing import Literal
 
 import numpy as np
 from matplotlib import font_manager
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ft2font import FT2Font
+from matplotlib.image import AxesImage
+from matplotlib.patches import Rectangle
 
 from seq2seq.io import atomic_path, atomic_write_text
 
@@ -54,15 +57,19 @@ _CELL_IN = 0.25  # one token per cell until the map hits _MAP_MAX_IN
 _MAP_MIN_IN = 1.5
 _MAP_MAX_IN = 9.0
 _FIG_MAX_IN = 40.0  # whole-figure cap on each side; maps shrink to respect it
-_LEFT_IN = 1.25  # target tick labels + axis label
-_SIDE_IN = 2.5  # entropy bars, mass bars, colour bar and their labels
-_PANEL_TITLE_IN = 0.75  # title, stats line, side-bar titles
-_BOTTOM_IN = 1.25  # rotated source tick labels + axis label
+_LEFT_IN = 1.0  # target tick labels + axis label
+_SIDE_IN = 1.25  # the per-row numbers "entropy EOS punct" (monospaced) and a gap
+_PANEL_TITLE_IN = 0.5  # title and numbers header; the row above's mean line fits in it
+_BOTTOM_IN = 1.0  # rotated source tick labels + axis label, under the grid
 _SUPTITLE_IN = 0.5
+_SCALE_IN = 0.5  # the one colour bar every map shares, its ticks and label
 _CAPTION_IN = 0.75
 _TICK_PT = 7
 _LABEL_PITCH_IN = 0.13  # closest two tick labels may sit at _TICK_PT
 _LABEL_MAX_CHARS = 10
+_NUMBERS_FONT = {"fontsize": 6, "fontfamily": "DejaVu Sans Mono", "color": "0.2"}
+_NUMBERS_HEADER = "bits  EOS punct"  # over the columns of _numbers
+_SCALE_LABEL = "weight (one 0\u20131 scale for every map)"
 
 # Tried in order for characters DejaVu Sans lacks (Debian: fonts-noto-cjk, fonts-noto-core).
 _FALLBACK_FONTS = (
@@ -133,6 +140,11 @@ def _panel_title(layer: int, head: str, tq: int, tk: int) -> str:
     return f"layer {layer}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)"
 
 
+def _numbers(entropy: float, eos: float, punct: float) -> str:
+    """One row of the numbers beside a map, under ``_NUMBERS_HEADER``."""
+    return f"{entropy:4.2f} {eos:4.2f} {punct:4.2f}"  # entropy < 10 bits: Tk <= 512
+
+
 def _stats_line(stats: dict) -> str:
     return (
         f"mean entropy {stats['mean_entropy']:.2f} {stats['entropy_unit']} \u00b7 "
@@ -149,10 +161,9 @@ def _quarter(x: float) -> float:
 
 def _map_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]:
     """Width and height in inches of one heatmap: a cell per token, within both caps."""
-    fit_w = (_FIG_MAX_IN - n_cols * (_LEFT_IN + _SIDE_IN)) / n_cols
-    fit_h = (
-        _FIG_MAX_IN - _SUPTITLE_IN - _CAPTION_IN - n_rows * (_PANEL_TITLE_IN + _BOTTOM_IN)
-    ) / n_rows
+    fit_w = (_FIG_MAX_IN - _LEFT_IN) / n_cols - _SIDE_IN
+    fixed_h = _SUPTITLE_IN + _SCALE_IN + _BOTTOM_IN + _CAPTION_IN
+    fit_h = (_FIG_MAX_IN - fixed_h) / n_rows - _PANEL_TITLE_IN
     width = min(max(tk * _CELL_IN, _MAP_MIN_IN), _MAP_MAX_IN, max(fit_w, _MAP_MIN_IN))
     height = min(max(tq * _CELL_IN, _MAP_MIN_IN), _MAP_MAX_IN, max(fit_h, _MAP_MIN_IN))
     return _quarter(width), _quarter(height)
@@ -162,16 +173,20 @@ def figure_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, floa
     """Figure (width, height) in inches for a grid of n_rows × n_cols heatmaps of Tq × Tk.
 
     Each map gets a quarter inch per token, between 1.5 and 9 inches a side, shrunk so
-    that the figure stays within 40 × 40 inches (grids too large for that, more than 7
-    panels across or 11 down, keep the 1.5-inch minimum and exceed it). Past the cap, tick labels thin out.
+    that the figure stays within 40 × 40 inches (grids too large for that, more than 14
+    panels across or 18 down, keep the 1.5-inch minimum and exceed it). Past the cap, tick
+    labels, and the per-row numbers with them, thin out. Target labels sit left of the
+    grid and source labels under it, once per row and column of maps.
 
     Sizes are multiples of 1/4 inch, so ``width * dpi`` is exact: the PNG written by
     ``plot_attention`` is ``floor(width * dpi)`` × ``floor(height * dpi)`` pixels (no tight
     bounding box), which is ``round(...)`` for any dpi divisible by 4 (72, 100, 200, 300).
     """
     map_w, map_h = _map_size(n_rows, n_cols, tq, tk)
-    width = n_cols * (_LEFT_IN + map_w + _SIDE_IN)
-    height = _SUPTITLE_IN + n_rows * (_PANEL_TITLE_IN + map_h + _BOTTOM_IN) + _CAPTION_IN
+    width = _LEFT_IN + n_cols * (map_w + _SIDE_IN)
+    height = (
+        _SUPTITLE_IN + _SCALE_IN + n_rows * (_PANEL_TITLE_IN + map_h) + _BOTTOM_IN + _CAPTION_IN
+    )
     return width, height
 
 
@@ -251,7 +266,7 @@ def _select_panels(
 
 
 def _draw_panel(
-    fig: Figure,
+    canvas: Axes,
     origin_in: tuple[float, float],
     map_in: tuple[float, float],
     attn: np.ndarray,
@@ -259,86 +274,74 @@ def _draw_panel(
     tgt_tokens: Sequence[str],
     title: str,
     fonts: list[str],
-) -> None:
-    """One heatmap with its tick labels, entropy and mass bars, and colour bar.
+    label_src: bool,
+    label_tgt: bool,
+) -> AxesImage:
+    """One heatmap with its title, per-row numbers and, if asked, its tick labels.
 
-    ``origin_in`` is the panel's top-left corner in inches from the figure's top-left.
+    ``canvas`` spans the figure in inches from its top-left corner (see ``_canvas``);
+    ``origin_in`` is the panel's top-left corner there: its title band, then the map;
+    target labels go left of it, source labels under it. A grid's maps line up exactly,
+    so only the bottom row labels the source tokens and only the left column the target
+    tokens. Text is what a figure costs (matplotlib's Agg renders it glyph by glyph in
+    Python, and the trainer draws a 3 x 9 grid at every validation).
     """
-    fig_w, fig_h = fig.get_size_inches()
     tq, tk = attn.shape
-
-    def rect(x: float, top: float, width: float, height: float) -> list[float]:
-        return [x / fig_w, (fig_h - top - height) / fig_h, width / fig_w, height / fig_h]
-
-    x0, top = origin_in[0] + _LEFT_IN, origin_in[1] + _PANEL_TITLE_IN
+    x0, top = origin_in[0], origin_in[1] + _PANEL_TITLE_IN
     map_w, map_h = map_in
-    stats = attention_stats(attn, src_tokens)
+    cell_w, cell_h = map_w / tk, map_h / tq
+    text = canvas.text
 
-    ax = fig.add_axes(rect(x0, top, map_w, map_h))
-    image = ax.imshow(
+    image = canvas.imshow(
         attn,
         cmap="viridis",
         vmin=0.0,
-        vmax=max(attn.max(), 1e-9),
+        vmax=1.0,
+        extent=(x0, x0 + map_w, top + map_h, top),  # row 0 at the top
         aspect="auto",
         interpolation="nearest",
     )
-    # Above the map and its side bars together: the stats line is wider than a small map.
-    fig.text(x0 / fig_w, 1 - (origin_in[1] + 0.125) / fig_h, title, fontsize=8, va="top")
-    fig.text(
-        x0 / fig_w,
-        1 - (origin_in[1] + 0.3) / fig_h,
-        _stats_line(stats),
-        fontsize=7,
-        color="0.25",
-        va="top",
-    )
-    x_ticks = range(0, tk, _label_step(tk, map_w))
-    y_ticks = range(0, tq, _label_step(tq, map_h))
-    ax.set_xticks(
-        x_ticks,
-        [_short(src_tokens[j]) for j in x_ticks],
-        rotation=90,
-        fontsize=_TICK_PT,
-        fontfamily=fonts,
-    )
-    ax.set_yticks(
-        y_ticks, [_short(tgt_tokens[i]) for i in y_ticks], fontsize=_TICK_PT, fontfamily=fonts
-    )
-    ax.set_xlabel("source (keys)", fontsize=_TICK_PT)
-    ax.set_ylabel("target (queries)", fontsize=_TICK_PT)
+    canvas.add_patch(Rectangle((x0, top), map_w, map_h, fill=False, lw=0.5))
+    text(x0, origin_in[1] + 0.2, title, fontsize=8, va="top")  # below the mean line above
 
-    rows = np.arange(tq)
-    entropy_ax = fig.add_axes(rect(x0 + map_w + 0.125, top, 0.5, map_h), sharey=ax)
-    entropy_ax.barh(rows, stats["row_entropy"], height=0.8, color="0.45")
-    entropy_ax.set_xlim(0, max(math.log2(tk), 1e-9))
-    entropy_ax.set_title("entropy\n(bits)", fontsize=6)
+    rows = range(0, tq, _label_step(tq, map_h))
+    label = {"fontsize": _TICK_PT, "fontfamily": fonts}
+    if label_src:
+        for j in range(0, tk, _label_step(tk, map_w)):
+            text(x0 + (j + 0.5) * cell_w, top + map_h + 0.04, _short(src_tokens[j]),
+                 rotation=90, ha="center", va="top", **label)  # fmt: skip
+        text(x0 + map_w / 2, top + map_h + 0.6, "source (keys)", ha="center", va="top",
+             fontsize=_TICK_PT)  # fmt: skip
+    if label_tgt:
+        for i in rows:
+            text(x0 - 0.04, top + (i + 0.5) * cell_h, _short(tgt_tokens[i]), ha="right",
+                 va="center", **label)  # fmt: skip
+        text(x0 - _LEFT_IN + 0.05, top + map_h / 2, "target (queries)", rotation=90,
+             va="center", fontsize=_TICK_PT)  # fmt: skip
 
-    mass_ax = fig.add_axes(rect(x0 + map_w + 0.875, top, 0.5, map_h), sharey=ax)
-    eos, punct = np.array(stats["eos_mass"]), np.array(stats["punct_mass"])
-    mass_ax.barh(rows, eos, height=0.8, color="tab:red", label="EOS")
-    mass_ax.barh(rows, punct, left=eos, height=0.8, color="tab:orange", label="punct")
-    mass_ax.set_xlim(0, 1)
-    mass_ax.set_title("mass on\nEOS, punct", fontsize=6)
-    legend_at_in = (x0 + map_w + 1.125, top + map_h + 0.35)  # just under the x tick labels
-    mass_ax.legend(
-        loc="upper center",
-        bbox_to_anchor=(legend_at_in[0] / fig_w, 1 - legend_at_in[1] / fig_h),
-        bbox_transform=fig.transFigure,
-        fontsize=6,
-        frameon=False,
-        handlelength=1,
-        handletextpad=0.4,
-    )
+    # One monospaced line per labelled row, so the three columns line up.
+    stats = attention_stats(attn, src_tokens)
+    x = x0 + map_w + 0.08
+    text(x, top - 0.04, _NUMBERS_HEADER, va="bottom", **_NUMBERS_FONT)
+    entropy, eos, punct = stats["row_entropy"], stats["eos_mass"], stats["punct_mass"]
+    for i in rows:
+        text(x, top + (i + 0.5) * cell_h, _numbers(entropy[i], eos[i], punct[i]), va="center",
+             **_NUMBERS_FONT)  # fmt: skip
+    mean = _numbers(stats["mean_entropy"], stats["mean_eos_mass"], stats["mean_punct_mass"])
+    text(x, top + map_h + 0.04, mean + " mean", va="top", **_NUMBERS_FONT)
+    return image
 
-    for side_ax in (entropy_ax, mass_ax):
-        side_ax.tick_params(axis="y", left=False, labelleft=False)
-        side_ax.tick_params(axis="x", labelsize=6)
 
-    cbar_ax = fig.add_axes(rect(x0 + map_w + 1.625, top, 0.125, map_h))
-    colorbar = fig.colorbar(image, cax=cbar_ax)
-    colorbar.ax.tick_params(labelsize=6)
-    colorbar.set_label("weight", fontsize=6)
+def _canvas(fig: Figure) -> Axes:
+    """One invisible axes over the whole figure whose data units are inches from the
+    top-left corner: every map and label is placed there, instead of an axes per map."""
+    canvas = fig.add_axes((0, 0, 1, 1))
+    canvas.set_axis_off()
+    fig_w, fig_h = fig.get_size_inches()
+    canvas.set_xlim(0, fig_w)
+    canvas.set_ylim(fig_h, 0)
+    canvas.set_autoscale_on(False)  # imshow would otherwise rescale to the last map
+    return canvas
 
 
 def plot_attention(
@@ -358,7 +361,9 @@ def plot_attention(
     ``layers`` picks layer numbers (1-based; None = all). ``heads="mean"`` draws one
     panel per layer, averaged over heads; an int draws that head (1-based) of each layer;
     ``"all"`` draws a grid, a row per layer, a column per head plus a head-mean column.
-    The format comes from ``fmt`` or the path's suffix. Size: see ``figure_size``.
+    Every panel uses the same 0-1 colour scale, shown once by the colour bar at the top.
+    Beside each map: the entropy (bits), EOS mass and punctuation mass of each labelled
+    row. The format comes from ``fmt`` or the path's suffix. Size: see ``figure_size``.
 
     Shapes:
         weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
@@ -375,27 +380,42 @@ def plot_attention(
 
     fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk), dpi=dpi)
     FigureCanvasAgg(fig)
+    canvas = _canvas(fig)
     map_in = _map_size(n_rows, n_cols, tq, tk)
-    panel_w = _LEFT_IN + map_in[0] + _SIDE_IN
-    panel_h = _PANEL_TITLE_IN + map_in[1] + _BOTTOM_IN
+    panel_w = map_in[0] + _SIDE_IN
+    panel_h = _PANEL_TITLE_IN + map_in[1]
     for r, row in enumerate(panels):
         for c, (layer, head, attn) in enumerate(row):
-            origin = (c * panel_w, _SUPTITLE_IN + r * panel_h)
+            origin = (_LEFT_IN + c * panel_w, _SUPTITLE_IN + _SCALE_IN + r * panel_h)
             label = _panel_title(layer, head, tq, tk)
-            _draw_panel(fig, origin, map_in, attn, src_tokens, tgt_tokens, label, fonts)
+            image = _draw_panel(
+                canvas, origin, map_in, attn, src_tokens, tgt_tokens, label, fonts,
+                label_src=r == n_rows - 1, label_tgt=c == 0,
+            )  # fmt: skip
 
     fig_w, fig_h = fig.get_size_inches()
     if title:
-        fig.text(
-            0.5, 1 - 0.25 / fig_h, title, ha="center", va="center", fontsize=10, fontfamily=fonts
-        )
+        canvas.text(fig_w / 2, _SUPTITLE_IN / 2, title, ha="center", va="center", fontsize=10,
+                    fontfamily=fonts)  # fmt: skip
+    bar_w = min(2.5, fig_w - _LEFT_IN - 0.25)
+    bar_ax = fig.add_axes(
+        (_LEFT_IN / fig_w, 1 - (_SUPTITLE_IN + 0.12) / fig_h, bar_w / fig_w, 0.12 / fig_h)
+    )
+    colorbar = fig.colorbar(image, cax=bar_ax, orientation="horizontal")
+    colorbar.set_ticks([0, 0.25, 0.5, 0.75, 1])
+    colorbar.ax.tick_params(labelsize=6, length=2, pad=1)
+    canvas.text(_LEFT_IN + bar_w / 2, _SUPTITLE_IN + 0.3, _SCALE_LABEL, ha="center", va="top",
+                fontsize=6, color="0.25")  # fmt: skip
     # ~0.5 em per character at 8 pt decides where the caption wraps.
     caption = textwrap.fill(CAPTION, width=max(40, int(fig_w * 72 / 4.4)))
-    caption_y = (_CAPTION_IN / 2) / fig_h
-    fig.text(0.5, caption_y, caption, ha="center", va="center", fontsize=8, color="0.25")
+    canvas.text(fig_w / 2, fig_h - _CAPTION_IN / 2, caption, ha="center", va="center",
+                fontsize=8, color="0.25")  # fmt: skip
 
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=fig.bbox_inches)
+        # zlib level 1: a tenth of the default's time on these mostly flat images, for
+        # files about a third larger.
+        options = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=fig.bbox_inches, **options)
     return path
 
 
