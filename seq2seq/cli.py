@@ -65,6 +65,60 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0 if state["best_bleu"] >= 0 or state["stop_reason"].startswith("signal") else 1
 
 
+def _layer_arg(text: str) -> int | str:
+    if text == "all" or text.isdigit():
+        return text if text == "all" else int(text)
+    raise argparse.ArgumentTypeError(f"expected a layer number (from 1) or 'all', got '{text}'")
+
+
+def _head_arg(text: str) -> int | str:
+    if text in ("mean", "all") or text.isdigit():
+        return int(text) if text.isdigit() else text
+    raise argparse.ArgumentTypeError(f"expected a head number (from 1), 'mean' or 'all', got '{text}'")
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="translate a sentence and draw its cross-attention",
+                       description="Translate SENTENCE with a trained run and draw the decoder's cross-attention "
+                       "of the output it produced (under beam search, the chosen hypothesis): rows are target "
+                       "subwords (queries, with the EOS step), columns source subwords (keys, with EOS). Beside "
+                       "each map, and on stdout: each row's entropy (bits) and its mass on EOS and punctuation "
+                       "columns. Layers and heads are numbered from 1.")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("sentence", metavar="SENTENCE", help="source sentence (quote it)")
+    p.add_argument("-o", "--output", type=Path, help="output file (default: attention.FORMAT here)")
+    p.add_argument("--format", choices=["png", "svg", "html", "json"],
+                   help="default: from -o's suffix, else png; html and json hold every layer and head")
+    p.add_argument("--layer", type=_layer_arg, default="all", metavar="L|all",
+                   help="decoder layer, 1 = first (default: all)")
+    p.add_argument("--head", type=_head_arg, default="mean", metavar="H|mean|all",
+                   help="head, 1 = first; mean = average over heads; all = a grid of every head plus the "
+                   "mean (default: mean)")
+    p.add_argument("--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)")
+    p.add_argument("--reference", metavar="TRANSLATION",
+                   help="draw the maps of this given translation, teacher-forced, instead of the model's own")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)")
+    p.set_defaults(run=_run_attention)
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    import warnings
+
+    from seq2seq.attention_report import attention_report, format_table
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = attention_report(args.run_dir, args.sentence, args.layer, args.head, args.beam,
+                                  args.format, args.output, args.reference, args.device)
+    for w in caught:  # e.g. no installed font for a script: its glyphs draw as boxes
+        print(f"warning: {w.message}", file=sys.stderr)
+    print(f"translation: {report['translation']}")
+    print(f"decoding: {report['decoding']}; stop reason: {report['stop_reason']}")
+    print(format_table(report))
+    print(f"wrote {report['path']}")
+    return 0
+
+
 def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
     run's ``decode`` config section."""
@@ -163,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_data, _add_train, _add_translate, _add_evaluate):
+    for add in (_add_data, _add_train, _add_translate, _add_evaluate, _add_attention):
         add(sub)
     return parser
 

@@ -244,10 +244,16 @@ def font_families(tokens: Sequence[str]) -> list[str]:
 # --- PNG / SVG ---------------------------------------------------------------------------
 
 
-def _select_panels(
-    w: np.ndarray, layers: Sequence[int] | None, heads: HeadSelection
+def select_maps(
+    weights: np.ndarray, layers: Sequence[int] | None = None, heads: HeadSelection = "mean"
 ) -> list[list[tuple[int, str, np.ndarray]]]:
-    """Rows of (layer number, head label, (Tq, Tk) map) to draw."""
+    """The maps ``plot_attention`` draws for ``layers`` and ``heads``, as rows of
+    (layer number, head label, map): a row per layer for ``heads="all"``, else one row.
+
+    Shapes:
+        weights: (L, H, Tq, Tk) -> maps (Tq, Tk)
+    """
+    w = np.asarray(weights)
     n_layers, n_heads = w.shape[:2]
     layers = list(range(1, n_layers + 1)) if layers is None else list(layers)
     if not layers or any(not 1 <= layer <= n_layers for layer in layers):
@@ -373,7 +379,7 @@ def plot_attention(
     if fmt not in ("png", "svg"):
         raise ValueError(f"format must be png or svg, got {fmt!r} (from fmt= or the suffix)")
     w = _check_weights(weights, src_tokens, tgt_tokens)
-    panels = _select_panels(w, layers, heads)
+    panels = select_maps(w, layers, heads)
     tq, tk = w.shape[2:]
     n_rows, n_cols = len(panels), len(panels[0])
     fonts = font_families([*src_tokens, *tgt_tokens, title])
