@@ -345,6 +345,16 @@ def readme(r: dict) -> str:
         )
         + ".",
     ]
+    if eos_ok and cut_ok and moved_only_cut and banned_ok:
+        conclusion = (
+            f"On this model and test set, where each translation ended was decided by the loop: "
+            f"{100 * s['stop_shares']['eos']:.1f}% of outputs ended when EOS was the most likely next "
+            "token and the rest were cut by the limit; moving a and b changed only the outputs the "
+            "limit cut, and with EOS banned every output ran to exactly a·S + b tokens. The "
+            "attention output had one row per query in both shape checks."
+        )
+    else:
+        conclusion = "**The numbers above break at least one of the claims; see the bold lines.**"
     return f"""# Output length comes from decoding, not from attention
 
 Issue 7, part 1. Cross-attention maps a decoder position (a query) to a mix of source
@@ -418,9 +428,9 @@ token. The grey line repeats the decoding with EOS banned, which runs on to max_
 - One model, one test set, greedy search only; beam search adds a length penalty that
   changes which finished hypothesis wins.
 
-## Conclusion (lead: check against the numbers above)
+## Conclusion
 
-_To be completed after the full run._
+{conclusion}
 
 ## Reproduce
 
