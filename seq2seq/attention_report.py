@@ -22,9 +22,9 @@ from pathlib import Path
 from seq2seq import plotting
 from seq2seq.data import collate
 from seq2seq.errors import Seq2SeqError
+from seq2seq.precision import autocast
 from seq2seq.search import force_decode, translate_batch
 from seq2seq.tokenizer import EOS_ID
-from seq2seq.train import autocast
 from seq2seq.translate import Translator, one_line, warn
 
 FORMATS = ("png", "svg", "html", "json")

@@ -466,6 +466,14 @@ class TokenBatchSampler:
         return 1.0 - real / slots if slots else 0.0
 
 
+def batches_of(
+    src: list[list[int]], tgt: list[list[int]] | None, max_tokens: int
+) -> list[list[int]]:
+    lengths = [len(s) + 1 for s in src]
+    tgt_lengths = [len(t) + 1 for t in tgt] if tgt is not None else lengths
+    return TokenBatchSampler(lengths, tgt_lengths, max_tokens, seed=0, shuffle=False).batches(0)
+
+
 @dataclass
 class Batch:
     """Padded id tensors of one batch.

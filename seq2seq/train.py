@@ -31,10 +31,11 @@ from tqdm import tqdm
 
 from seq2seq import checkpoint
 from seq2seq.config import Config
-from seq2seq.data import Batch, TokenBatchSampler, collate, encode_pairs, load_corpus
+from seq2seq.data import Batch, TokenBatchSampler, batches_of, collate, encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.io import atomic_write_text
 from seq2seq.model import Seq2Seq, build_model
+from seq2seq.precision import autocast, autocast_dtype
 from seq2seq.search import greedy_search
 from seq2seq.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
@@ -73,25 +74,6 @@ def setup_runtime(device: str, threads: int | None) -> Runtime:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
     return Runtime(rank, world, dev)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 where the hardware computes it natively (AMX / AVX512-BF16 CPUs, CUDA), else fp32."""
-    if precision != "bf16":
-        return None
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    native = (
-        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    )
-    return torch.bfloat16 if native else None
-
-
-def autocast(device: torch.device, dtype: torch.dtype | None):
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -254,14 +236,6 @@ def inverse_sqrt(warmup: int):
         return step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / step)
 
     return factor
-
-
-def batches_of(
-    src: list[list[int]], tgt: list[list[int]] | None, max_tokens: int
-) -> list[list[int]]:
-    lengths = [len(s) + 1 for s in src]
-    tgt_lengths = [len(t) + 1 for t in tgt] if tgt is not None else lengths
-    return TokenBatchSampler(lengths, tgt_lengths, max_tokens, seed=0, shuffle=False).batches(0)
 
 
 @torch.inference_mode()

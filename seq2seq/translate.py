@@ -34,10 +34,10 @@ from torch import Tensor
 
 from seq2seq.checkpoint import load_run
 from seq2seq.config import Config, DecodeConfig
-from seq2seq.data import collate
+from seq2seq.data import batches_of, collate
 from seq2seq.errors import Seq2SeqError
+from seq2seq.precision import autocast, autocast_dtype
 from seq2seq.search import Hypothesis, SearchConfig, translate_batch
-from seq2seq.train import autocast, autocast_dtype, batches_of
 
 CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_stream
 

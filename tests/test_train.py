@@ -24,7 +24,8 @@ import yaml
 from seq2seq import checkpoint
 from seq2seq.config import load_config
 from seq2seq.errors import Seq2SeqError
-from seq2seq.train import autocast_dtype, train
+from seq2seq.precision import autocast_dtype
+from seq2seq.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"

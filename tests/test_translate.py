@@ -15,8 +15,9 @@ import pytest
 
 from seq2seq.cli import main
 from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
+from seq2seq.data import batches_of
 from seq2seq.search import SearchConfig, max_output_length
-from seq2seq.train import batches_of, train
+from seq2seq.train import train
 from seq2seq.translate import Translator, format_translations
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -40,12 +40,12 @@ from torch import Tensor, nn
 from seq2seq import checkpoint
 from seq2seq.attention import MultiHeadAttention, attend
 from seq2seq.config import load_config
-from seq2seq.data import collate
+from seq2seq.data import batches_of, collate
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.plotting import plot_attention
 from seq2seq.search import Hypothesis, force_decode
 from seq2seq.tokenizer import BOS_ID, EOS_ID
-from seq2seq.train import batches_of, translate_ids
+from seq2seq.train import translate_ids
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

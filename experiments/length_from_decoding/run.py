@@ -29,11 +29,11 @@ from matplotlib.figure import Figure
 
 from seq2seq.checkpoint import load_run
 from seq2seq.config import load_config
-from seq2seq.data import collate
+from seq2seq.data import batches_of, collate
 from seq2seq.model import Seq2Seq
 from seq2seq.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.tokenizer import EOS_ID
-from seq2seq.train import batches_of, train
+from seq2seq.train import train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402
