@@ -46,7 +46,10 @@ def write_tensors(path: Path, tensors: dict[str, Tensor], metadata: dict[str, An
     """Atomically write safetensors with ``metadata`` stored as one JSON string."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"seq2seq": json.dumps(metadata)})
+        try:
+            save_file(tensors, str(tmp), metadata={"seq2seq": json.dumps(metadata)})
+        except SafetensorError as e:  # e.g. the disk filled up: the old file stays
+            raise Seq2SeqError(f"cannot write {path}: {e}") from None
 
 
 def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -218,6 +218,11 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     }
 
 
+# Far above anything this toolkit trains, low enough that a tampered config.yaml cannot make
+# load_run build layers until memory runs out.
+_MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 65536
+
+
 def validate(config: Config) -> None:
     """Reject absurd values with a message naming the key."""
     m, t, d, dec = config.model, config.train, config.data, config.decode
@@ -237,6 +242,19 @@ def validate(config: Config) -> None:
             m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1,
             "model sizes must be positive",
         ),
+        *[
+            (value <= limit, f"model.{name} = {value} is beyond this toolkit's limit of {limit}")
+            for name, value, limit in (
+                ("n_enc_layers", m.n_enc_layers, _MAX_LAYERS),
+                ("n_dec_layers", m.n_dec_layers, _MAX_LAYERS),
+                ("d_model", m.d_model, _MAX_WIDTH),
+                ("d_ff", m.d_ff, 4 * _MAX_WIDTH),
+                ("d_latent", m.d_latent or 0, _MAX_WIDTH),
+                ("src_vocab_size", m.src_vocab_size, _MAX_VOCAB),
+                ("tgt_vocab_size", m.tgt_vocab_size, _MAX_VOCAB),
+                ("max_positions", m.max_positions, _MAX_POSITIONS),
+            )
+        ],
         (
             all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
             "model dropouts must be in [0, 1)",

@@ -16,6 +16,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from seq2seq.errors import Seq2SeqError
+from seq2seq.io import atomic_write_bytes
 
 # Fixed across every model this project trains, so batches and checkpoints agree on them.
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -66,13 +67,22 @@ def _train_model(texts: list[str], path: Path, vocab_size: int, model_type: str)
                 ) from None
             size = int(bound.group(1))
             continue
-        path.write_bytes(model.getvalue())
+        atomic_write_bytes(path, model.getvalue())
         if size != vocab_size:
             notes.append(
                 f"vocabulary size {vocab_size} does not fit this corpus; {path.name} uses {size}"
             )
         return notes
     raise Seq2SeqError(f"SentencePiece could not settle on a vocabulary size near {vocab_size}")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _valid_unicode(text: str) -> str:
+    """Lone surrogates (what Python makes of undecodable bytes, e.g. in argv) become U+FFFD:
+    SentencePiece takes only valid Unicode."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def _load_model(path: Path) -> spm.SentencePieceProcessor:
@@ -172,10 +182,11 @@ class Tokenizer:
         return self._model(side).normalize(text).replace("\u2581", " ").strip()
 
     def encode(self, text: str, side: str) -> list[int]:
-        return self._model(side).encode(text, out_type=int)
+        return self._model(side).encode(_valid_unicode(text), out_type=int)
 
     def encode_batch(self, texts: list[str], side: str) -> list[list[int]]:
-        return self._model(side).encode(list(texts), out_type=int, num_threads=os.cpu_count() or 1)
+        texts = [_valid_unicode(t) for t in texts]
+        return self._model(side).encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
 
     def decode(self, ids: list[int], side: str) -> str:
         kept = []

@@ -432,6 +432,7 @@ def _train(
         "best_step": 0,
         "bad_validations": 0,
         "bad_steps": 0,
+        "valid_step": -1,  # the step last validated
         "elapsed": 0.0,
         "stop_reason": None,
     }
@@ -480,6 +481,7 @@ def _train(
         text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
         bleu = sacrebleu.corpus_bleu(text, [data.valid_refs[:n]]).score
         elapsed = time.time() - started
+        state["valid_step"] = state["step"]
         if bleu > state["best_bleu"]:
             state.update(best_bleu=bleu, best_step=state["step"], bad_validations=0)
             checkpoint.save_model(
@@ -593,8 +595,8 @@ def _train(
                 )
             save_last()
         state["stop_reason"] = state["stop_reason"] or f"max_epochs {t.max_epochs}"
-        if runtime.main and state["best_bleu"] < 0 and not signals.received:
-            validate()  # a budget that ended before the first validation still leaves a model
+        if runtime.main and state["valid_step"] != state["step"] and not signals.received:
+            validate()  # the state the budget ended on is scored too, and a model always exists
         save_last()
     log.close()
     if runtime.main:
@@ -640,11 +642,12 @@ def train_step(
     if runtime.world > 1:
         dist.all_reduce(loss_sum)
     mean_loss = loss_sum.item() / n_total
-    if not math.isfinite(mean_loss):
+    # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
+    # with clipping off, an infinite max_norm measures without scaling).
+    norm = nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or math.inf)
+    if not (math.isfinite(mean_loss) and math.isfinite(norm.item())):
         optimizer.zero_grad(set_to_none=True)
-        return mean_loss, n_total
-    if t.clip_norm > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm)
+        return math.nan, n_total
     for param_group in optimizer.param_groups:
         param_group["lr"] = lr
     optimizer.step()
