@@ -380,7 +380,7 @@ HOSTILE = {
     ),
     "config huge width": (
         edit_config("d_model: 32", "d_model: 320000000000"),
-        "cannot build the model",
+        "model.d_model",
     ),
     "config python tag": (
         edit_config("dropout: 0.1", "dropout: !!python/object/apply:os.getpid []"),
@@ -439,11 +439,6 @@ def test_a_hostile_training_state_stops_resume_with_one_line(copy_of, capsys, ta
     one_line_error(rc, err, message)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="config.validate has no upper bounds: a run whose config.yaml says "
-    "n_enc_layers: 100000000 makes load_run/translate build layers until memory runs out",
-)
 def test_an_absurd_layer_count_is_refused_before_building(copy_of):
     edit_config("n_enc_layers: 1", "n_enc_layers: 100000000")(copy_of)
     with pytest.raises(Seq2SeqError, match="n_enc_layers"):
@@ -525,11 +520,6 @@ def test_fuzz_cli_file_in_file_out(run_dir, tmp_path, capsys, lines):
     assert out.read_text(encoding="utf-8").split("\n")[-1] == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="translate.py Translator.translate: a str with a lone surrogate (what "
-    "Python makes of non-UTF-8 bytes in argv) reaches SentencePiece: TypeError traceback",
-)
 @pytest.mark.parametrize("text", ["ab\udcffc", "\ud800"])
 def test_cli_argument_that_is_not_utf8(run_dir, capsys, text):
     rc, out, err = run_main(["translate", run_dir, text, "ein Hund"], capsys)
@@ -582,11 +572,6 @@ def test_a_huge_learning_rate_stops_with_one_line(copy_of, capsys):
     assert all(torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train.py train_step: a finite loss with a NaN/Inf gradient is stepped "
-    "(clip_grad_norm_ turns inf into NaN), so NaN weights reach last.safetensors and resume fails",
-)
 def test_a_non_finite_gradient_is_a_bad_step_too(copy_of, monkeypatch, capsys):
     clean = train_module.sequence_loss
     calls = {"n": 0}
@@ -681,12 +666,6 @@ def tiny_disk(tmp_path):
         subprocess.run(["umount", str(where)], check=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="disk full is a traceback: tokenizer.py _train_model writes spm.model "
-    "with path.write_bytes (OSError ENOSPC, and not atomic); checkpoint.write_tensors lets "
-    "SafetensorError through",
-)
 @pytest.mark.parametrize("size", ["64k", "300k"])  # full at the tokenizer / at the first checkpoint
 def test_a_full_disk_is_one_clear_error_and_keeps_no_partial_file(tiny_disk, capsys, size):
     out = tiny_disk(size) / "run"
