@@ -260,7 +260,10 @@ def validate(config: Config) -> None:
             "model dropouts must be in [0, 1)",
         ),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
-        (t.lr > 0 and t.warmup_steps >= 0, "train.lr must be > 0 and train.warmup_steps >= 0"),
+        (
+            0 < t.lr <= 10 and t.warmup_steps >= 0,
+            "train.lr must be in (0, 10] and train.warmup_steps >= 0",
+        ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (
             t.accum_steps >= 1 and t.max_epochs >= 1,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # mkstemp creates files 0600; the files we publish (figures, reports, checkpoints) are
@@ -69,3 +69,16 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def remove_temporaries(directory: str | Path, names: Iterable[str]) -> list[Path]:
+    """Delete the temporary files ``atomic_path`` left beside ``names`` when a process died
+    mid-write (the published files themselves are never touched); returns what it removed."""
+    directory = Path(directory)
+    removed = []
+    for name in names:
+        target = Path(name)
+        for tmp in directory.glob(f".{target.stem}-*{target.suffix}"):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed

@@ -33,7 +33,7 @@ from seq2seq import checkpoint
 from seq2seq.config import Config
 from seq2seq.data import Batch, TokenBatchSampler, batches_of, collate, encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
-from seq2seq.io import atomic_write_text
+from seq2seq.io import atomic_write_text, remove_temporaries
 from seq2seq.model import Seq2Seq, build_model
 from seq2seq.precision import autocast, autocast_dtype
 from seq2seq.search import greedy_search
@@ -399,6 +399,8 @@ def train(
         dist.barrier()
     lock = RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
+        if runtime.main:
+            remove_temporaries(run_dir, RUN_FILES)  # left by a process killed mid-write
         if overwrite and not resume and runtime.main:
             clear_run_dir(run_dir)
         if resume:

@@ -110,8 +110,8 @@ def test_type_errors(overrides, match):
         (["model.n_kv_heads=3"], "n_kv_heads must divide"),
         (["model.dropout=1.5"], "dropouts must be in \\[0, 1\\)"),
         (["model.dropout=.nan"], "dropouts must be in \\[0, 1\\)"),
-        (["train.lr=0"], "train.lr must be > 0"),
-        (["train.lr=-0.001"], "train.lr must be > 0"),
+        (["train.lr=0"], "train.lr must be in \\(0, 10\\]"),
+        (["train.lr=-0.001"], "train.lr must be in \\(0, 10\\]"),
         (["train.label_smoothing=1.0"], "label_smoothing"),
         (["train.max_epochs=0"], "max_epochs must be >= 1"),
         (["train.precision=fp16"], "precision must be 'bf16' or 'fp32'"),
@@ -135,6 +135,7 @@ def test_absurd_values_are_rejected(overrides, match):
         "train.max_steps=0",
         "train.threads=-1",
         "train.validate_every=-5",
+        "train.lr=1.0e+38",
     ],
 )
 def test_more_absurd_values_are_rejected(override):

@@ -35,3 +35,14 @@ def test_failure_keeps_the_old_file_and_removes_the_temp(tmp_path):
     assert os.listdir(tmp_path) == ["out.txt"]
     atomic_write_text(path, "new")
     assert path.stat().st_mode & 0o777 == 0o600  # an existing file keeps its mode
+
+
+def test_remove_temporaries_deletes_only_what_a_killed_write_left(tmp_path):
+    from seq2seq.io import remove_temporaries
+
+    kept = ["last.safetensors", ".lock", "metrics.jsonl", ".other-x.safetensors"]
+    for name in [*kept, ".last-k2j3h4.safetensors", ".config-abc.yaml"]:
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_temporaries(tmp_path, ["last.safetensors", "config.yaml", "metrics.jsonl"])
+    assert sorted(p.name for p in removed) == [".config-abc.yaml", ".last-k2j3h4.safetensors"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
