@@ -74,7 +74,7 @@ class TrainConfig:
     valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
     log_every: int = 10
     precision: str = "bf16"  # "bf16" autocast where supported, else "fp32"
-    threads: int | None = None  # torch intra-op threads; None = physical cores
+    threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved
     device: str = "auto"  # "auto", "cpu" or "cuda"

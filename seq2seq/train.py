@@ -144,6 +144,21 @@ RUN_FILES = (
     "spm_tgt.model",
 )
 RUN_DIRS = ("attention", "tensorboard")
+# What a resumed run takes from its command line (budgets, stopping, logging, hardware);
+# the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
+RESUME_BUDGETS = (
+    "max_epochs",
+    "max_time",
+    "max_steps",
+    "patience",
+    "max_bad_steps",
+    "validate_every",
+    "valid_bleu_sentences",
+    "log_every",
+    "attention_sentences",
+    "threads",
+    "device",
+)
 
 
 def clear_run_dir(run_dir: Path) -> None:
@@ -260,13 +275,15 @@ def translate_ids(
     device,
     dtype,
     need_weights: bool = False,
+    max_len_a: float = 1.5,
+    max_len_b: int = 10,
 ) -> list:
     """Greedy hypotheses for ``src_ids`` in input order, decoded in token-bounded batches."""
     out: list = [None] * len(src_ids)
     for idx in batches_of(src_ids, None, max_tokens):
         batch = collate([src_ids[i] for i in idx], None).to(device)
         with autocast(device, dtype):
-            hyps = greedy_search(model, batch.src, need_weights=need_weights)
+            hyps = greedy_search(model, batch.src, max_len_a, max_len_b, need_weights=need_weights)
         for i, hyp in zip(idx, hyps, strict=True):
             out[i] = hyp
     return out
@@ -405,7 +422,8 @@ def train(
             clear_run_dir(run_dir)
         if resume:
             saved = checkpoint.load_config_file(run_dir)
-            saved.train = config.train  # budgets may change on resume; the recipe may not
+            for name in RESUME_BUDGETS:  # budgets may change on resume; the recipe may not
+                setattr(saved.train, name, getattr(config.train, name))
             config = saved
         return _train(config, run_dir, runtime, resume, tensorboard, progress)
 
@@ -479,7 +497,16 @@ def _train(
         model.eval()
         loss = validation_loss(model, data, config.data.max_tokens, device, dtype)
         n = min(t.valid_bleu_sentences, len(data.valid_src))
-        hyps = translate_ids(model, data.valid_src[:n], config.decode.max_tokens, device, dtype)
+        d = config.decode
+        hyps = translate_ids(
+            model,
+            data.valid_src[:n],
+            d.max_tokens,
+            device,
+            dtype,
+            max_len_a=d.max_len_a,
+            max_len_b=d.max_len_b,
+        )
         text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
         bleu = sacrebleu.corpus_bleu(text, [data.valid_refs[:n]]).score
         elapsed = time.time() - started
@@ -566,6 +593,9 @@ def _train(
                             f"training stopped: {state['bad_steps']} steps with a NaN/Inf loss "
                             f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
                         )
+                    state["stop_reason"] = agree(runtime, stop_reason(signals.received))
+                    if state["stop_reason"]:
+                        break
                     continue
                 state["step"] += 1
                 tick_tokens += n_tokens

@@ -365,3 +365,16 @@ def test_cli_train_flags_reach_the_config(tmp_path):
     assert main(args) == 0
     saved = checkpoint.load_config_file(tmp_path / "run")
     assert (saved.train.precision, saved.train.max_steps) == ("fp32", 2)
+
+
+def test_resume_keeps_the_recipe_and_takes_only_the_budgets(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=3, train__label_smoothing=0.2), run, progress=False)
+    # Resumed with the plain defaults for the recipe, a new budget, and a different seed.
+    resumed = load_config(None, [f"data.data={SAMPLE}", "train.max_steps=5", "train.seed=99"])
+    state = train(resumed, run, resume=True, progress=False)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert state["step"] == 5
+    assert saved["train"]["max_steps"] == 5  # budget from the command line
+    assert saved["train"]["label_smoothing"] == 0.2
+    assert (saved["train"]["lr"], saved["train"]["seed"]) == (0.003, 1)  # recipe from the run
