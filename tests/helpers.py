@@ -1,9 +1,13 @@
 """Small builders shared by the test modules (pytest puts tests/ on sys.path)."""
 
+from pathlib import Path
+
+import pytest
 import torch
 
-from seq2seq.config import ModelConfig
+from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
 from seq2seq.model import Seq2Seq, build_model
+from seq2seq.train import train
 
 V = 20  # vocabulary of the tiny models: 4 specials + 16 tokens
 
@@ -24,3 +28,32 @@ def tiny_model(n_kv_heads=None, d_latent=None, seed=0, **overrides) -> Seq2Seq:
     )
     config = ModelConfig(n_kv_heads=n_kv_heads, d_latent=d_latent, **{**sizes, **overrides})
     return build_model(config).eval()
+
+
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model trained on data/sample, once per test session (shared with test_evaluate)."""
+    run = tmp_path_factory.getbasetemp() / "tiny_run"
+    if not (run / "model.safetensors").is_file():
+        config = Config(
+            model=ModelConfig(
+                d_model=32,
+                n_heads=4,
+                d_ff=64,
+                n_enc_layers=1,
+                n_dec_layers=1,
+                dropout=0.0,
+                max_positions=64,
+            ),
+            data=DataConfig(data="sample", vocab_size=200, max_len=30),
+            train=TrainConfig(
+                max_steps=60,
+                validate_every=30,
+                warmup_steps=10,
+                attention_sentences=0,
+                threads=1,
+                precision="fp32",
+                device="cpu",
+            ),
+        )
+        train(config, run, overwrite=True, progress=False)
+    return run

@@ -4,7 +4,7 @@ writes one hypothesis per test pair plus the scores as JSON."""
 import json
 
 import pytest
-from test_translate import tiny_run_dir
+from helpers import tiny_run_dir
 
 from seq2seq.cli import main
 from seq2seq.data import load_corpus

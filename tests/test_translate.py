@@ -12,12 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_run_dir
 
 from seq2seq.cli import main
-from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
 from seq2seq.data import batches_of
 from seq2seq.search import SearchConfig, max_output_length
-from seq2seq.train import train
 from seq2seq.translate import Translator, format_translations
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,35 +29,6 @@ SENTENCES = [
     "Hund",
     "Ein kleiner Junge mit einem roten Hut spielt Fußball.",
 ]
-
-
-def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model trained on data/sample, once per test session (shared with test_evaluate)."""
-    run = tmp_path_factory.getbasetemp() / "tiny_run"
-    if not (run / "model.safetensors").is_file():
-        config = Config(
-            model=ModelConfig(
-                d_model=32,
-                n_heads=4,
-                d_ff=64,
-                n_enc_layers=1,
-                n_dec_layers=1,
-                dropout=0.0,
-                max_positions=64,
-            ),
-            data=DataConfig(data="sample", vocab_size=200, max_len=30),
-            train=TrainConfig(
-                max_steps=60,
-                validate_every=30,
-                warmup_steps=10,
-                attention_sentences=0,
-                threads=1,
-                precision="fp32",
-                device="cpu",
-            ),
-        )
-        train(config, run, overwrite=True, progress=False)
-    return run
 
 
 @pytest.fixture(scope="module")
