@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from seq2seq.checkpoint import load_run  # noqa: E402
 from seq2seq.data import collate, load_corpus  # noqa: E402
 from seq2seq.search import SearchConfig, translate_batch  # noqa: E402
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 

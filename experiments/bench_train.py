@@ -43,8 +43,9 @@ from seq2seq.data import Batch, TokenBatchSampler, collate, encode_pairs, load_c
 from seq2seq.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.precision import autocast, autocast_dtype  # noqa: E402
-from seq2seq.tokenizer import PAD_ID, Tokenizer  # noqa: E402
+from seq2seq.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.train import sequence_loss  # noqa: E402
+from seq2seq.vocab import PAD_ID  # noqa: E402
 
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 

@@ -24,8 +24,8 @@ from seq2seq.data import collate
 from seq2seq.errors import Seq2SeqError
 from seq2seq.precision import autocast
 from seq2seq.search import force_decode, translate_batch
-from seq2seq.tokenizer import EOS_ID
 from seq2seq.translate import Translator, one_line, warn
+from seq2seq.vocab import EOS_ID
 
 FORMATS = ("png", "svg", "html", "json")
 TEACHER_FORCED = "teacher-forced on the given reference"

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from seq2seq.config import Config, config_from_dict, config_to_dict
 from seq2seq.errors import Seq2SeqError
-from seq2seq.io import atomic_path, atomic_write_text
+from seq2seq.fileio import atomic_path, atomic_write_text
 
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"

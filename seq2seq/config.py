@@ -41,7 +41,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    data: str = "bentrevett/multi30k"  # Hub id, local folder, TSV file or registry name
+    data: str = "multi30k"  # registry name (the shipped Multi30k), Hub id, folder or TSV file
     src: str = "de"
     tgt: str = "en"
     test_split: str | None = None  # None = the one split named test*

@@ -29,7 +29,8 @@ import yaml
 
 from seq2seq.config import DataConfig
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from seq2seq.tokenizer import Tokenizer
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 SPLITS = ("train", "validation", "test")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -194,18 +195,15 @@ def _read_tsv_source(path: Path, src: str, tgt: str) -> tuple[str, dict[str, Spl
 
 
 def _local_alternatives(name: str) -> list[str]:
-    """Local folders to suggest when the Hub cannot be reached, from the registry."""
+    """Registry corpora on disk to suggest when the Hub cannot be reached, ``name``'s own first."""
     own_first = sorted(
         _registry().items(), key=lambda item: name not in (item[0], item[1].get("hub_id"))
     )
-    found = []
-    for _, entry in own_first:
-        for copy in entry.get("local_copies", []) + ([entry["path"]] if "path" in entry else []):
-            for base in (REPO_ROOT, Path.cwd()):
-                if (base / copy).is_dir():
-                    found.append(f"--data {os.path.relpath((base / copy).resolve())}")
-                    break
-    return list(dict.fromkeys(found))
+    return [
+        f"--data {key}"
+        for key, entry in own_first
+        if "path" in entry and (REPO_ROOT / entry["path"]).is_dir()
+    ]
 
 
 def _hub_unreachable() -> str | None:
@@ -271,7 +269,13 @@ def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitRea
     if data in registry:
         entry = registry[data]
         if "path" in entry:
-            data = str(REPO_ROOT / entry["path"])
+            folder = REPO_ROOT / entry["path"]
+            if not folder.is_dir():
+                raise Seq2SeqError(
+                    f"corpus '{data}' should be in {folder}, which is missing; "
+                    "point --data at a copy of its folder"
+                )
+            data = str(folder)
         else:
             description, readers = _read_datasets(entry["hub_id"], src, tgt, local=False)
             return f"{description} ('{data}' in the registry)", readers
@@ -294,7 +298,13 @@ def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitRea
         raise Seq2SeqError(f"--data {data}: no such file or folder")
     if re.fullmatch(r"[\w.-]+/[\w.-]+", data):
         return _read_datasets(data, src, tgt, local=False)
-    names = ", ".join(sorted(registry)) or "none"
+    if not registry:  # installed without the repository, whose data/ holds the corpora
+        raise Seq2SeqError(
+            f"--data '{data}': this install has no corpus registry (data/corpora.yaml ships with "
+            "the repository, beside its corpora); point --data at a corpus folder, e.g. "
+            "--data path/to/seq2seq/data/multi30k"
+        )
+    names = ", ".join(sorted(registry))
     raise Seq2SeqError(
         f"--data '{data}' is not a file, a folder, a Hub id (owner/name) or a known corpus ({names})"
     )

@@ -18,7 +18,7 @@ from sacrebleu.metrics import BLEU, CHRF
 
 from seq2seq.data import load_corpus
 from seq2seq.errors import Seq2SeqError
-from seq2seq.io import atomic_write_text
+from seq2seq.fileio import atomic_write_text
 from seq2seq.search import SearchConfig
 from seq2seq.translate import Translation, Translator
 

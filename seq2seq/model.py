@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from seq2seq.attention import DecoderCache
 from seq2seq.config import ModelConfig
 from seq2seq.layers import DecoderLayer, Embedding, EncoderLayer
-from seq2seq.tokenizer import PAD_ID
+from seq2seq.vocab import PAD_ID
 
 
 def padding_mask(src: Tensor) -> Tensor:

@@ -38,7 +38,7 @@ from matplotlib.ft2font import FT2Font
 from matplotlib.image import AxesImage
 from matplotlib.patches import Rectangle
 
-from seq2seq.io import atomic_path, atomic_write_text
+from seq2seq.fileio import atomic_path, atomic_write_text
 
 CAPTION = (
     "Attention weights show where each target position read from, not why the model "

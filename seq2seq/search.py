@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from seq2seq.model import Seq2Seq, padding_mask
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 @dataclass

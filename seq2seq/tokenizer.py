@@ -16,11 +16,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from seq2seq.errors import Seq2SeqError
-from seq2seq.io import atomic_write_bytes
-
-# Fixed across every model this project trains, so batches and checkpoints agree on them.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-SPECIAL_IDS = frozenset((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
+from seq2seq.fileio import atomic_write_bytes
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 JOINT_FILE = "spm.model"
 SIDE_FILES = {"src": "spm_src.model", "tgt": "spm_tgt.model"}

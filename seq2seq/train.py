@@ -33,11 +33,12 @@ from seq2seq import checkpoint
 from seq2seq.config import Config
 from seq2seq.data import Batch, TokenBatchSampler, batches_of, collate, encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
-from seq2seq.io import atomic_write_text, remove_temporaries
+from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import Seq2Seq, build_model
 from seq2seq.precision import autocast, autocast_dtype
 from seq2seq.search import greedy_search
-from seq2seq.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from seq2seq.tokenizer import Tokenizer
+from seq2seq.vocab import EOS_ID, PAD_ID
 
 Value = TypeVar("Value")
 

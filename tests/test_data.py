@@ -21,7 +21,8 @@ from seq2seq.data import (
     run_data_command,
 )
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from seq2seq.tokenizer import Tokenizer
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
 

@@ -9,7 +9,7 @@ from helpers import V
 from helpers import tiny_model as tiny
 
 from seq2seq.model import padding_mask
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def tokens(b, t, seed=1):

@@ -16,7 +16,7 @@ from seq2seq.search import (
     max_output_length,
     translate_batch,
 )
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
 def sources(lengths, width=None, seed=1):

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from seq2seq.tokenizer import Tokenizer
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 

@@ -44,8 +44,8 @@ from seq2seq.data import batches_of, collate
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.plotting import plot_attention
 from seq2seq.search import Hypothesis, force_decode
-from seq2seq.tokenizer import BOS_ID, EOS_ID
 from seq2seq.train import translate_ids
+from seq2seq.vocab import BOS_ID, EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

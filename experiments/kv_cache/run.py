@@ -31,7 +31,7 @@ from matplotlib.figure import Figure
 from seq2seq.config import ModelConfig
 from seq2seq.model import Seq2Seq, build_model, padding_mask
 from seq2seq.search import greedy_search
-from seq2seq.tokenizer import BOS_ID, EOS_ID
+from seq2seq.vocab import BOS_ID, EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import command, minutes_since, output_dir, save_figure, write_outputs  # noqa: E402

@@ -38,8 +38,8 @@ from seq2seq.config import load_config
 from seq2seq.data import collate
 from seq2seq.model import Seq2Seq, count_parameters, padding_mask
 from seq2seq.search import greedy_search
-from seq2seq.tokenizer import BOS_ID
 from seq2seq.train import translate_ids
+from seq2seq.vocab import BOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

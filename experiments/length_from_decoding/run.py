@@ -32,8 +32,8 @@ from seq2seq.config import load_config
 from seq2seq.data import batches_of, collate
 from seq2seq.model import Seq2Seq
 from seq2seq.search import Hypothesis, greedy_search, max_output_length
-from seq2seq.tokenizer import EOS_ID
 from seq2seq.train import train
+from seq2seq.vocab import EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

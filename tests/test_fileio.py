@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from seq2seq.io import atomic_path, atomic_write_bytes, atomic_write_text
+from seq2seq.fileio import atomic_path, atomic_write_bytes, atomic_write_text
 
 
 def test_writes_create_parents_and_replace(tmp_path):
@@ -38,7 +38,7 @@ def test_failure_keeps_the_old_file_and_removes_the_temp(tmp_path):
 
 
 def test_remove_temporaries_deletes_only_what_a_killed_write_left(tmp_path):
-    from seq2seq.io import remove_temporaries
+    from seq2seq.fileio import remove_temporaries
 
     kept = ["last.safetensors", ".lock", "metrics.jsonl", ".other-x.safetensors"]
     for name in [*kept, ".last-k2j3h4.safetensors", ".config-abc.yaml"]:
