@@ -164,7 +164,8 @@ class MultiHeadAttention(nn.Module):
     ``k_proj``/``v_proj`` produce only ``n_kv_heads * Dh`` features, so the cache is really
     smaller. ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for
     absolute positions): each key/value token is compressed to a ``d_latent`` vector, only
-    that latent is cached, and K and V are up-projected from it.
+    that latent is cached, and K and V are up-projected from it. Keys and values are then
+    one input, so MLA is for self-attention: ``k`` must be ``v``.
 
     Shapes:
         q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
@@ -214,6 +215,11 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("At least one key/value is required")
         if k.shape[1] != v.shape[1]:
             raise ValueError("Key and value lengths must match")
+        if self.d_latent is not None and k is not v:
+            raise ValueError(
+                "MLA (d_latent) compresses keys and values from one input: pass the same "
+                "tensor as k and v (self-attention)"
+            )
 
     def _split_kv(
         self, k: Tensor, v: Tensor, cache: AttentionCache | None
@@ -233,7 +239,7 @@ class MultiHeadAttention(nn.Module):
                     vh = torch.cat([cache.v, vh], dim=2)
                 cache.k, cache.v = kh, vh
             return kh, vh
-        latent = self.kv_down(k)  # (B, Tk, L); MLA compresses keys = values input
+        latent = self.kv_down(k)  # (B, Tk, L); k is v (checked)
         if cache is not None:
             if cache.latent is not None:
                 latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)

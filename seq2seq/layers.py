@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from seq2seq.attention import AttentionCache, MultiHeadAttention
+from seq2seq.config import ModelConfig
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -62,25 +63,22 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``."""
+    """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``.
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None,
-        d_ff: int,
-        dropout: float,
-        attn_dropout: float,
-        activation_dropout: float = 0.0,
-        d_latent: int | None = None,
-    ) -> None:
+    The encoder's self-attention never uses the MLA latent (``d_latent``): nothing is cached
+    on the source side, so a K/V bottleneck there would only cost quality.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn_norm = nn.LayerNorm(d_model)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
-        self.ffn_norm = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
-        self.dropout = nn.Dropout(dropout)
+        c = config
+        self.self_attn_norm = nn.LayerNorm(c.d_model)
+        self.self_attn = MultiHeadAttention(
+            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout
+        )
+        self.ffn_norm = nn.LayerNorm(c.d_model)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         h = self.self_attn_norm(x)
@@ -92,27 +90,23 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm: causal self-attention, cross-attention (Q from the target, K/V from the
     encoder memory), feed-forward. Returns the new states and the cross-attention weights
-    (``None`` unless asked for)."""
+    (``None`` unless asked for). With ``d_latent`` set, the self-attention alone is MLA:
+    it is the only attention whose K/V grow in the cache."""
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None,
-        d_ff: int,
-        dropout: float,
-        attn_dropout: float,
-        activation_dropout: float = 0.0,
-        d_latent: int | None = None,
-    ) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn_norm = nn.LayerNorm(d_model)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout, d_latent)
-        self.cross_attn_norm = nn.LayerNorm(d_model)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, attn_dropout)
-        self.ffn_norm = nn.LayerNorm(d_model)
-        self.ffn = FeedForward(d_model, d_ff, activation_dropout)
-        self.dropout = nn.Dropout(dropout)
+        c = config
+        self.self_attn_norm = nn.LayerNorm(c.d_model)
+        self.self_attn = MultiHeadAttention(
+            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, d_latent=c.d_latent
+        )
+        self.cross_attn_norm = nn.LayerNorm(c.d_model)
+        self.cross_attn = MultiHeadAttention(
+            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout
+        )
+        self.ffn_norm = nn.LayerNorm(c.d_model)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.dropout = nn.Dropout(c.dropout)
 
     def forward(
         self,
@@ -127,7 +121,9 @@ class DecoderLayer(nn.Module):
         h = self.self_attn_norm(x)
         x = x + self.dropout(self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0])
         h = self.cross_attn_norm(x)
-        read, weights = self.cross_attn(h, memory, memory, src_mask, need_weights, cross_cache)
+        read, weights = self.cross_attn(
+            h, memory, memory, src_mask, need_weights=need_weights, cache=cross_cache
+        )
         x = x + self.dropout(read)
         x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         return x, weights  # (B, T, D), (B, H, T, S) or None

@@ -45,22 +45,8 @@ class Seq2Seq(nn.Module):
         )
         self.src_embed = Embedding(src_tokens, c.max_positions, c.dropout)
         self.tgt_embed = Embedding(tgt_tokens, c.max_positions, c.dropout)
-        layer_args = (
-            c.d_model,
-            c.n_heads,
-            c.n_kv_heads,
-            c.d_ff,
-            c.dropout,
-            c.attn_dropout,
-            c.activation_dropout,
-            c.d_latent,
-        )
-        self.encoder_layers = nn.ModuleList(
-            EncoderLayer(*layer_args) for _ in range(c.n_enc_layers)
-        )
-        self.decoder_layers = nn.ModuleList(
-            DecoderLayer(*layer_args) for _ in range(c.n_dec_layers)
-        )
+        self.encoder_layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_enc_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_dec_layers))
         self.encoder_norm = nn.LayerNorm(c.d_model)
         self.decoder_norm = nn.LayerNorm(c.d_model)
         self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
@@ -117,7 +103,15 @@ class Seq2Seq(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
-            x, w = layer(x, memory, tgt_mask, src_mask, self_cache, cross_cache, need_weights)
+            x, w = layer(
+                x,
+                memory,
+                tgt_mask,
+                src_mask,
+                self_cache=self_cache,
+                cross_cache=cross_cache,
+                need_weights=need_weights,
+            )
             if need_weights:
                 weights.append(w)
         return self.output(self.decoder_norm(x)), weights  # (B, T, V)

@@ -172,6 +172,14 @@ def test_bad_inputs_raise_value_error(name, inputs, message, need_weights):
         make()(q, k, v, allowed, need_weights=need_weights)
 
 
+def test_mla_refuses_keys_that_are_not_the_values():
+    attn = make(d_latent=8)
+    q, k = torch.randn(1, 4, D), torch.randn(1, 5, D)
+    with pytest.raises(ValueError, match="same tensor as k and v"):
+        attn(q, k, k.clone())
+    assert attn(q, k, k)[0].shape == (1, 4, D)
+
+
 @pytest.mark.parametrize(
     ("d_model", "n_heads", "n_kv_heads"),
     [(30, 4, None), (32, 0, None), (32, 4, 3), (32, 4, 8), (32, 4, 0)],
@@ -199,9 +207,7 @@ def test_growing_cache_equals_full_recompute(g, d_latent):
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     full = attn(x, x, x, causal)[0]
     cache = AttentionCache()
-    steps = [
-        attn(x[:, i : i + 1], x[:, i : i + 1], x[:, i : i + 1], cache=cache)[0] for i in range(t)
-    ]
+    steps = [attn(xi, xi, xi, cache=cache)[0] for xi in x.split(1, dim=1)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
     if d_latent is None:
         assert sum(e.numel() for e in cache.tensors()) == 2 * b * t * g * (D // H)

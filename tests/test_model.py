@@ -81,6 +81,20 @@ def test_cached_decoding_equals_full_recompute(g, d_latent):
     assert size["bytes"] == 4 * size["elements"]
 
 
+def test_mla_latent_is_in_decoder_self_attention_only():
+    """MLA (d_latent) shrinks what the decoder caches; the encoder caches nothing, so it keeps
+    full K/V: given the plain model's encoder weights it computes the plain model's memory."""
+    mla, plain = tiny(d_latent=8), tiny()
+    assert all(not hasattr(layer.self_attn, "kv_down") for layer in mla.encoder_layers)
+    assert all(layer.self_attn.kv_down.out_features == 8 for layer in mla.decoder_layers)
+    assert all(not hasattr(layer.cross_attn, "kv_down") for layer in mla.decoder_layers)
+    for part in ("src_embed", "encoder_layers", "encoder_norm"):
+        getattr(mla, part).load_state_dict(getattr(plain, part).state_dict())
+    src = tokens(2, 6)
+    mask = padding_mask(src)
+    torch.testing.assert_close(mla.encode(src, mask), plain.encode(src, mask))
+
+
 def test_cache_reorder_follows_beam_index():
     model = tiny()
     src, tgt = tokens(1, 5), tokens(3, 4)
