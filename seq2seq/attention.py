@@ -2,7 +2,10 @@
 
 Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
 ``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
-all ``-inf`` softmax, so no NaN ever leaves this module.
+all ``-inf`` softmax (NaN). Finding one reads the mask on the host, a device sync, so it is
+checked once where a mask is built (``check_rows``; ``Seq2Seq.encode`` does it for the
+source padding mask, and a causal mask always allows a query's own position), never in
+every attention call: attention trusts the rows of the masks it is given.
 
 Letters: ``B`` batch, ``Tq`` queries, ``Tk`` keys, ``D`` d_model, ``H`` query heads, ``G``
 key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
@@ -95,8 +98,15 @@ class DecoderCache:
         return report
 
 
+def check_rows(allowed: Tensor) -> None:
+    """Raise ``ValueError`` if a query row of ``allowed`` has no allowed key (one host sync)."""
+    if not allowed.any(dim=-1).all():
+        raise ValueError("Each query must have at least one allowed key (a sentence all padding?)")
+
+
 def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
-    """Raise ``ValueError`` unless ``allowed`` is a usable boolean mask for these sizes."""
+    """Raise ``ValueError`` unless ``allowed`` is a boolean mask of a shape that fits these
+    sizes; its shape and dtype only, so no device sync (``check_rows`` reads the rows)."""
     if allowed.dtype != torch.bool:
         raise ValueError("Use a boolean mask: True = allowed")
     shape = tuple(allowed.shape)
@@ -112,8 +122,6 @@ def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
             f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
             f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
         )
-    if not allowed.any(dim=-1).all():
-        raise ValueError("Each query must have at least one allowed key")
 
 
 def attend(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seq2seq.attention import DecoderCache
+from seq2seq.attention import DecoderCache, check_rows
 from seq2seq.config import ModelConfig
 from seq2seq.layers import DecoderLayer, Embedding, EncoderLayer
 from seq2seq.vocab import PAD_ID
@@ -69,7 +69,12 @@ class Seq2Seq(nn.Module):
         return DecoderCache(len(self.decoder_layers))
 
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """Shapes: src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, D)."""
+        """The encoder memory. ``src_mask`` is checked here, once per batch, for a sentence
+        with no real token; ``decode`` then trusts the same mask.
+
+        Shapes: src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, D)
+        """
+        check_rows(src_mask)
         x = self.src_embed(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
@@ -89,6 +94,9 @@ class Seq2Seq(nn.Module):
         positions, which follow the ``cache.length`` already decoded; the cache's
         cross-attention K/V may have a batch that divides ``tgt``'s (beams sharing a
         source), in which case ``memory`` and ``src_mask`` have that smaller batch too.
+
+        ``src_mask`` is the one ``encode`` checked: no row of it is read on the host here, so
+        decoding steps run without a device sync.
 
         Shapes:
             tgt (B, T); memory (Bm, S, D); src_mask (Bm, 1, 1, S); Bm = B or B / beams

@@ -268,11 +268,10 @@ def _check_eval(model: Seq2Seq) -> None:
 def _encode(model: Seq2Seq, src: Tensor, a: float, b: int) -> tuple[Tensor, Tensor, list[int]]:
     """Memory (B, S, D), source mask (B, 1, 1, S) and each sentence's max_len."""
     src_mask = padding_mask(src)
+    memory = model.encode(src, src_mask)  # checks that every sentence has a real token
     src_lens = src_mask.view(src.shape[0], -1).sum(1).tolist()
-    if min(src_lens) == 0:
-        raise ValueError("Every source sentence needs at least one non-padding token")
     max_lens = [max_output_length(s, a, b, model.config.max_positions) for s in src_lens]
-    return model.encode(src, src_mask), src_mask, max_lens
+    return memory, src_mask, max_lens
 
 
 def _next_logprobs(logits: Tensor, ban_eos: bool) -> Tensor:

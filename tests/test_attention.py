@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from seq2seq.attention import AttentionCache, MultiHeadAttention
+from seq2seq.attention import AttentionCache, MultiHeadAttention, check_rows
 
 D, H = 32, 4
 KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA
@@ -142,16 +142,6 @@ BAD_INPUTS = [
         "boolean mask",
     ),
     (
-        "empty row",
-        lambda: (
-            torch.randn(1, 4, D),
-            torch.randn(1, 5, D),
-            torch.randn(1, 5, D),
-            torch.eye(4, 5, dtype=torch.bool) & (torch.arange(4) < 3)[:, None],
-        ),
-        "at least one allowed key",
-    ),
-    (
         "mask shape",
         lambda: (
             torch.randn(1, 4, D),
@@ -178,6 +168,20 @@ def test_mla_refuses_keys_that_are_not_the_values():
     with pytest.raises(ValueError, match="same tensor as k and v"):
         attn(q, k, k.clone())
     assert attn(q, k, k)[0].shape == (1, 4, D)
+
+
+@pytest.mark.parametrize(
+    "allowed",
+    [
+        torch.eye(4, 5, dtype=torch.bool) & (torch.arange(4) < 3)[:, None],  # query 3: no key
+        torch.tensor([[True, True], [False, False]])[:, None, None, :],  # an all-padding row
+    ],
+)
+def test_a_query_row_without_an_allowed_key_is_an_error(allowed):
+    with pytest.raises(ValueError, match="at least one allowed key"):
+        check_rows(allowed)
+    allowed[..., 0] = True
+    check_rows(allowed)
 
 
 @pytest.mark.parametrize(

@@ -110,6 +110,42 @@ def test_cache_reorder_follows_beam_index():
     torch.testing.assert_close(last[:, 0], full[:, -1], atol=1e-5, rtol=1e-4)
 
 
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts the reads of a tensor's values on the host (each one a device sync)."""
+    reads = []
+    for name in ("__bool__", "item", "tolist"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            reads.append(1)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+def test_mask_is_checked_once_per_batch_not_per_layer_or_step(host_reads):
+    model = tiny()  # 2 encoder and 2 decoder layers
+    src, tgt = tokens(3, 6), tokens(3, 4, seed=2)
+    src[1, 4:] = PAD_ID
+    mask = padding_mask(src)
+    memory = model.encode(src, mask)
+    assert len(host_reads) == 1
+    cache = model.new_cache()
+    for i in range(4):
+        model.decode(tgt[:, i : i + 1], memory, mask, cache=cache, need_weights=i % 2 == 0)
+    model.decode(tgt, memory, mask)  # causal mask, whole prefix
+    assert len(host_reads) == 1
+
+
+def test_a_source_of_only_padding_is_an_error():
+    src = tokens(2, 5)
+    src[1] = PAD_ID
+    with pytest.raises(ValueError, match="at least one allowed key"):
+        tiny()(src, tokens(2, 3))
+
+
 def test_position_limit_is_a_clear_error():
     model = tiny()
     with pytest.raises(ValueError, match="max_positions"):

@@ -279,7 +279,7 @@ def test_bad_arguments_are_clear_errors():
     model, src = tiny(), sources([3, 2])
     with pytest.raises(ValueError, match="nbest"):
         beam_search(model, src, beam=2, nbest=3)
-    with pytest.raises(ValueError, match="non-padding"):
+    with pytest.raises(ValueError, match="all padding"):
         greedy_search(model, torch.tensor([[5, 6], [PAD_ID, PAD_ID]]))
     with pytest.raises(ValueError, match="eval"):
         greedy_search(model.train(), src)
