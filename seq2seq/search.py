@@ -27,6 +27,8 @@ from torch import Tensor
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
+_NEVER_OUTPUT = [PAD_ID, BOS_ID]
+
 
 @dataclass
 class Hypothesis:
@@ -275,11 +277,18 @@ def _encode(model: Seq2Seq, src: Tensor, a: float, b: int) -> tuple[Tensor, Tens
 
 
 def _next_logprobs(logits: Tensor, ban_eos: bool) -> Tensor:
-    """Log-probs of the next token from the last position: (rows, T, V) -> (rows, V)."""
+    """Log-probs of the next token from the last position: (rows, T, V) -> (rows, V).
+
+    PAD and BOS are never outputs: fed back they would derail the decoder, and the
+    detokenizer would drop them silently. As in fairseq they are set to -inf after the
+    softmax, so a hypothesis' score stays the model's log-prob of its tokens (what
+    ``force_decode`` computes)."""
     last = logits[:, -1].float()
     if ban_eos:
         last[:, EOS_ID] = float("-inf")
-    return last.log_softmax(-1)
+    logp = last.log_softmax(-1)
+    logp[:, _NEVER_OUTPUT] = float("-inf")
+    return logp
 
 
 def _last_weights(weights: list[Tensor]) -> Tensor:

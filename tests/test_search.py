@@ -191,11 +191,31 @@ def test_nbest_lists_are_sorted_and_distinct(trained):
                     )
 
 
+def test_pad_and_bos_are_never_output_even_when_the_model_prefers_them():
+    """An output layer whose PAD and BOS logits beat every other token by ~30 nats."""
+    model = tiny(tie_output=False)
+    with torch.no_grad():
+        model.decoder_norm.bias[0] = 10.0
+        model.output.weight[:, 0] = 0.0
+        model.output.weight[[PAD_ID, BOS_ID], 0] = 3.0
+    src = sources([6, 3], seed=14)
+    greedy = greedy_search(model, src)
+    beams = flat(beam_search(model, src, beam=3, nbest=3))
+    assert all(h.stop_reason == "max_len" for h in greedy)
+    for h in greedy + beams:
+        assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
+        assert h.score > float("-inf")
+    for i, h in enumerate(greedy):  # the score stays the model's log-prob of the tokens
+        logp = model(src[i : i + 1], torch.tensor([[BOS_ID, *h.tokens[:-1]]])).log_softmax(-1)
+        expected = logp[0, range(len(h.tokens)), h.tokens].sum()
+        assert h.score == pytest.approx(expected.item(), rel=1e-4)
+
+
 def test_beam_wider_than_the_vocabulary_returns_only_real_hypotheses():
     """One step, 25 beams, 20 tokens: the start beams that never came alive are dropped."""
     beams = beam_search(tiny(), sources([4, 2]), beam=25, nbest=25, max_len_a=0.0, max_len_b=1)
     for hyps in beams:
-        assert 0 < len(hyps) <= V
+        assert 0 < len(hyps) <= V - 2  # every token but PAD and BOS
         assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
         assert all(h.score > float("-inf") for h in hyps)
 
