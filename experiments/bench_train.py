@@ -39,15 +39,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
-from seq2seq.data import Batch, TokenBatchSampler, collate, encode_pairs, load_corpus  # noqa: E402
+from seq2seq.batching import Batch, TokenBatchSampler, collate  # noqa: E402
+from seq2seq.corpora import encode_pairs, load_corpus  # noqa: E402
 from seq2seq.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.precision import autocast, autocast_dtype  # noqa: E402
 from seq2seq.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.train import sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
-
-MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 
 
 class Reference(nn.Module):
@@ -170,7 +169,7 @@ def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
 
 
 def prepare_batches(args: argparse.Namespace, config) -> tuple[list[Batch], Tokenizer, str]:
-    data = args.data or (str(MULTI30K) if MULTI30K.is_dir() else str(REPO / "data" / "sample"))
+    data = args.data
     corpus = load_corpus(data, args.src, args.tgt)
     pairs = corpus.splits["train"]
     if args.run and (Path(args.run) / "config.yaml").is_file():
@@ -235,7 +234,7 @@ def main() -> None:
     parser.add_argument(
         "--run", default="runs/de-en", help="take the tokenizer of this run when it exists"
     )
-    parser.add_argument("--data", help="corpus (default ../shared/data/multi30k, else data/sample)")
+    parser.add_argument("--data", default="multi30k", help="corpus (default: %(default)s, shipped)")
     parser.add_argument("--src", default="de")
     parser.add_argument("--tgt", default="en")
     parser.add_argument("--rounds", type=int, default=7)

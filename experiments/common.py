@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 
 from seq2seq import checkpoint
 from seq2seq.config import Config, DataConfig, TrainConfig
-from seq2seq.data import load_corpus
+from seq2seq.corpora import load_corpus
 from seq2seq.train import train
 
 DPI = 80

@@ -1,19 +1,26 @@
-"""Save and load a run directory safely: nothing is ever unpickled.
+"""The run directory: what it holds, who may write it, and saving and loading it safely.
 
 A run directory holds ``config.yaml`` (the resolved config), the SentencePiece model(s),
-``model.safetensors`` (best weights by validation BLEU) and ``last.safetensors`` (the whole
+``model.safetensors`` (best weights by validation BLEU), ``last.safetensors`` (the whole
 training state for ``--resume``: weights, optimizer moments, RNG states, and the loop's
-counters as JSON in the safetensors metadata). Each is written to a temporary file and
-renamed, so a kill at any moment leaves the previous good file in place, and one file per
-state means the parts of a state can never come from two different steps.
+counters as JSON in the safetensors metadata) and, with ``train.keep_last``, the weights of
+the last validated states under ``checkpoints/``. Each file is written to a temporary file
+and renamed, so a kill at any moment leaves the previous good file in place, and one file
+per state means the parts of a state can never come from two different steps. Nothing is
+ever unpickled. One trainer at a time holds a directory's lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 import yaml
 from safetensors import SafetensorError, safe_open
@@ -27,6 +34,122 @@ from seq2seq.fileio import atomic_path, atomic_write_text
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"
 LAST_FILE = "last.safetensors"
+KEPT_DIR = "checkpoints"  # the last validated states' weights, step_N.safetensors
+
+# What a run writes; --overwrite removes these (and nothing else) so that no file of the
+# old run (metrics, a best model, attention maps, scored hypotheses) survives into the new one.
+RUN_FILES = (
+    CONFIG_FILE,
+    BEST_FILE,
+    LAST_FILE,
+    "metrics.jsonl",
+    "data_summary.json",
+    "environment.json",
+    "train.log",
+    "curves.png",
+    "spm.model",
+    "spm_src.model",
+    "spm_tgt.model",
+)
+RUN_GLOBS = ("hyps.*",)  # written by `seq2seq evaluate`
+RUN_DIRS = ("attention", "tensorboard", KEPT_DIR)
+# What a resumed run may take from its command line (budgets, stopping, logging, hardware);
+# the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
+RESUME_BUDGETS = (
+    "max_epochs",
+    "max_time",
+    "max_steps",
+    "patience",
+    "max_bad_steps",
+    "validate_every",
+    "valid_bleu_sentences",
+    "log_every",
+    "attention_sentences",
+    "threads",
+    "device",
+)
+
+
+# ---------------------------------------------------------------------------------------
+# The run directory: refuse to clobber, lock against a second trainer.
+
+
+class RunLock:
+    """An exclusive lock on ``run_dir/.lock`` (``filelock``: flock on POSIX, msvcrt on
+    Windows), released by the operating system if the holder dies; it holds the holder's pid."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        self.lock = filelock.FileLock(self.path, timeout=0)
+
+    def __enter__(self) -> RunLock:
+        try:
+            self.lock.acquire()
+        except filelock.Timeout:
+            try:
+                holder = self.path.read_text().strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            raise Seq2SeqError(
+                f"{self.path.parent} is in use by another training process (pid {holder})"
+            ) from None
+        with contextlib.suppress(OSError):  # a lock that cannot name its holder still locks
+            self.path.write_text(str(os.getpid()))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Fail at start, with one line, if the directory cannot or must not be written."""
+    if resume and not (run_dir / LAST_FILE).is_file():
+        raise Seq2SeqError(f"cannot resume: {run_dir / LAST_FILE} does not exist")
+    occupied = run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir())
+    if not resume and occupied and not overwrite:
+        raise Seq2SeqError(
+            f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_bytes(b"0" * 4096)
+        probe.unlink()
+    except OSError as e:
+        raise Seq2SeqError(f"cannot write to {run_dir}: {e.strerror or e}") from None
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Remove what an earlier run wrote into ``run_dir`` (``--overwrite``)."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    for pattern in RUN_GLOBS:
+        for path in run_dir.glob(pattern):
+            path.unlink(missing_ok=True)
+    for name in RUN_DIRS:
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+def resume_config(run_dir: Path, given: dict[str, Any]) -> tuple[Config, list[str]]:
+    """The saved config of the run in ``run_dir`` with the budgets the user gave on top.
+
+    ``given`` holds only the values the command line set (nested by section, as in YAML).
+    Returns the config and the ``section.key`` names of the recipe values given, which a
+    resumed run ignores.
+    """
+    saved = config_to_dict(load_config_file(run_dir))
+    ignored = []
+    for section, values in given.items():
+        for key, value in (values or {}).items() if isinstance(values, dict) else ():
+            if section == "train" and key in RESUME_BUDGETS:
+                saved["train"][key] = value
+            elif saved.get(section, {}).get(key, object()) != value:
+                ignored.append(f"{section}.{key}")
+    return config_from_dict(saved), ignored
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors in safetensors files.
 
 
 def unique_state(model: nn.Module) -> dict[str, Tensor]:
@@ -192,9 +315,69 @@ def load_training_state(
     return counters
 
 
+def keep_weights(model: nn.Module, run_dir: Path, step: int, keep_last: int, bleu: float) -> None:
+    """The weights of a validated state as ``checkpoints/step_N.safetensors``; only the newest
+    ``keep_last`` stay (what ``seq2seq average`` and ``train.average_last`` average)."""
+    if keep_last < 1:
+        return
+    (run_dir / KEPT_DIR).mkdir(exist_ok=True)
+    save_model(model, run_dir / KEPT_DIR / f"step_{step}.safetensors", {"step": step, "bleu": bleu})
+    for old in kept_checkpoints(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+
+
+def kept_checkpoints(run_dir: Path) -> list[Path]:
+    """``checkpoints/step_N.safetensors`` of ``run_dir``, oldest first."""
+    found = []
+    for path in (run_dir / KEPT_DIR).glob("step_*.safetensors"):
+        match = re.fullmatch(r"step_(\d+)\.safetensors", path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
+    """The element-wise mean of the weights in ``paths`` (same names and shapes in each),
+    summed in float64 so that averaging copies of one checkpoint gives it back exactly."""
+    if not paths:
+        raise Seq2SeqError("no checkpoints to average")
+    total: dict[str, Tensor] = {}
+    for path in paths:
+        tensors, _ = read_tensors(path)
+        if total and tensors.keys() != total.keys():
+            raise Seq2SeqError(f"{path}: its tensors differ from those of {paths[0]}")
+        for name, tensor in tensors.items():
+            if name in total and tensor.shape != total[name].shape:
+                raise Seq2SeqError(
+                    f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(total[name].shape)}"
+                )
+            total[name] = total.get(name, 0) + tensor.double()
+    first, _ = read_tensors(paths[0])
+    return {name: (value / len(paths)).to(first[name].dtype) for name, value in total.items()}
+
+
+def average_run(run_dir: Path, last: int, out: Path | None = None) -> tuple[Path, list[Path]]:
+    """Average the newest ``last`` kept checkpoints of ``run_dir`` into ``out`` (default
+    ``run_dir/averaged.safetensors``), a weights file every command loads."""
+    kept = kept_checkpoints(run_dir)
+    if not kept:
+        raise Seq2SeqError(
+            f"{run_dir}: no checkpoints to average in {KEPT_DIR}/ (train with train.keep_last >= 2)"
+        )
+    if last < 1:
+        raise Seq2SeqError(f"--last must be >= 1, got {last}")
+    chosen = kept[-last:]
+    out = out or run_dir / "averaged.safetensors"
+    steps = [int(p.stem.removeprefix("step_")) for p in chosen]
+    write_tensors(out, average_checkpoints(chosen), {"averaged_steps": steps})
+    return out, chosen
+
+
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: str = BEST_FILE):
     """Rebuild a trained model from its run directory alone: config, tokenizer, best weights.
 
+    ``run_dir`` may also name a weights file inside a run directory (``RUN/averaged.safetensors``,
+    ``RUN/checkpoints/step_N.safetensors``): the run is the directory that holds its config.
     Returns ``(config, tokenizer, model)`` with the model in eval mode. Every problem with
     the directory (missing, not a run, corrupt or tampered files) is one ``Seq2SeqError``.
     """
@@ -202,6 +385,11 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: s
     from seq2seq.tokenizer import Tokenizer
 
     run_dir = Path(run_dir)
+    if run_dir.is_file() and run_dir.suffix == ".safetensors":
+        weights_path = run_dir
+        run_dir = next((p for p in run_dir.parents if (p / CONFIG_FILE).is_file()), run_dir.parent)
+    else:
+        weights_path = run_dir / weights
     if not run_dir.is_dir():
         raise Seq2SeqError(f"{run_dir}: no such run directory")
     config = load_config_file(run_dir)
@@ -215,10 +403,9 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: s
         model = build_model(config.model)
     except (ValueError, RuntimeError) as e:
         raise Seq2SeqError(f"{run_dir / CONFIG_FILE}: cannot build the model ({e})") from None
-    path = run_dir / weights
-    if not path.is_file():
+    if not weights_path.is_file():
         raise Seq2SeqError(
-            f"{run_dir}: {weights} missing (has training reached its first validation?)"
+            f"{run_dir}: {weights_path.name} missing (has training reached its first validation?)"
         )
-    load_model(model, path)
+    load_model(model, weights_path)
     return config, tokenizer, model.to(device).eval()

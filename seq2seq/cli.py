@@ -6,30 +6,109 @@ Every user-facing failure is a ``Seq2SeqError``, printed here as one line with e
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 from pathlib import Path
 
 from seq2seq import __version__
+from seq2seq.config import DataConfig
 from seq2seq.errors import Seq2SeqError
 
 
 def _add_data(sub: argparse._SubParsersAction) -> None:
-    from seq2seq.data import add_data_args, run_data_command
-
+    defaults = DataConfig()
     p = sub.add_parser(
         "data",
         help="summarise a parallel corpus: pairs, subword lengths, padding",
-        description="Load a corpus, (train and) apply a tokenizer, print its summary.",
+        description="Load a corpus, (train and) apply a tokenizer, print its summary: what a "
+        "training run with the same data settings would see.",
     )
-    add_data_args(p)
+    p.add_argument(
+        "--data",
+        default=defaults.data,
+        help="registry name (data/corpora.yaml), Hub id, folder of {split}.{lang}[.gz] files, "
+        "TSV file or folder (default: %(default)s, the Multi30k copy in the repository)",
+    )
+    p.add_argument("--src", default=defaults.src, help="source language (default: %(default)s)")
+    p.add_argument("--tgt", default=defaults.tgt, help="target language (default: %(default)s)")
+    p.add_argument("--test-split", help="the split to use as test (default: the one named test*)")
     p.add_argument(
         "--tokenizer", type=Path, help="reuse this tokenizer (run directory or .model file)"
     )
-    p.add_argument("--vocab-size", type=int, default=8000)
-    p.add_argument("--max-len", type=int, default=100, help="subwords per side for training pairs")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch, per side")
+    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    p.add_argument(
+        "--max-len", type=int, default=defaults.max_len, help="subwords per side for training pairs"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=defaults.max_tokens,
+        help="tokens per batch, per side (default: %(default)s, as training)",
+    )
     p.add_argument("--out", type=Path, help="also write the summary as JSON here")
-    p.set_defaults(run=run_data_command)
+    p.set_defaults(run=_run_data)
+
+
+def _run_data(args: argparse.Namespace) -> int:
+    """``seq2seq data``: load the corpus, tokenize it, print (and optionally save) the report."""
+    from seq2seq.corpora import data_report, load_corpus
+    from seq2seq.fileio import atomic_write_text
+    from seq2seq.tokenizer import Tokenizer
+
+    defaults = DataConfig()
+    corpus = load_corpus(
+        args.data, args.src, args.tgt, args.test_split, defaults.carve_valid, defaults.carve_test
+    )
+    if args.tokenizer:
+        tokenizer = Tokenizer.load(args.tokenizer)
+    else:
+        train = corpus.splits["train"]
+        with tempfile.TemporaryDirectory() as scratch:
+            tokenizer = Tokenizer.train(
+                [s for s, _ in train], [t for _, t in train], Path(scratch), args.vocab_size
+            )
+    report = data_report(corpus, tokenizer, args.max_len, args.max_tokens)
+    print(format_data_report(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
+        print(f"saved {args.out}")
+    return 0
+
+
+def format_data_report(report: dict) -> str:
+    vocab = report["vocab"]
+    vocab_text = (
+        f"joint {vocab['src']}" if vocab["joint"] else f"src {vocab['src']}, tgt {vocab['tgt']}"
+    )
+    lines = [f"corpus: {report['source']}", f"subwords: {vocab_text}"]
+    lines += [f"note: {note}" for note in report["notes"]]
+    lines.append(
+        f"{'split':<11}{'pairs':>8}{'src tokens':>12}{'tgt tokens':>12}"
+        f"   src len p50/p90/p99/max   tgt len p50/p90/p99/max"
+    )
+    for split, s in report["splits"].items():
+        src_len = "/".join(str(v) for v in s["src_lengths"].values())
+        tgt_len = "/".join(str(v) for v in s["tgt_lengths"].values())
+        lines.append(
+            f"{split:<11}{s['pairs']:>8,}{s['src_tokens']:>12,}{s['tgt_tokens']:>12,}   {src_len:<26}{tgt_len}"
+        )
+    dropped = [
+        f"{split} {reason} {n:,}"
+        for split, reasons in report["dropped"].items()
+        for reason, n in reasons.items()
+    ]
+    limit = (
+        f" (limit {report['max_len']} subwords a side, training only)" if report["max_len"] else ""
+    )
+    lines.append(f"dropped: {'; '.join(dropped) or 'none'}{limit}")
+    b = report["batches"]
+    lines.append(
+        f"train batches: {b['train_batches']:,} of <= {b['max_tokens_per_side']:,} tokens per side, "
+        f"{b['mean_pairs_per_batch']} pairs on average, padding {b['padding_fraction']:.1%}"
+    )
+    return "\n".join(lines)
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +119,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
-        help="Hub id, local folder, TSV file or registry name (default bentrevett/multi30k)",
+        help="registry name, Hub id, local folder or TSV file (default multi30k, shipped)",
     )
     p.add_argument("--src", help="source language code (default de)")
     p.add_argument("--tgt", help="target language code (default en)")
@@ -56,12 +135,23 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="override one config value (repeatable), e.g. --set train.lr=5e-4",
     )
     p.add_argument("--max-epochs", type=int)
-    p.add_argument("--max-time", type=float, metavar="MINUTES", help="wall-time budget in minutes")
+    p.add_argument(
+        "--max-time",
+        type=float,
+        metavar="MINUTES",
+        help="wall-time budget in minutes (default 30; 0 = none, stop by patience or epochs)",
+    )
     p.add_argument("--max-steps", type=int)
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default auto)"
+    )
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its last state"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last state; only budgets (time, steps, epochs, "
+        "patience, validation and logging intervals, threads, device) may change",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing run in --out")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files")
@@ -70,8 +160,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from seq2seq.config import load_config
-    from seq2seq.train import train
+    from seq2seq import checkpoint
+    from seq2seq.config import config_from_dict, given_values
+    from seq2seq.train import say, train
 
     flags = {
         "data.data": args.data,
@@ -82,10 +173,16 @@ def _run_train(args: argparse.Namespace) -> int:
         "train.max_time": args.max_time,
         "train.max_steps": args.max_steps,
         "train.seed": args.seed,
+        "train.device": args.device,
         "train.precision": "fp32" if args.fp32 else None,
     }
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
-    config = load_config(args.config, overrides)
+    given = given_values(args.config, overrides)
+    config = config_from_dict(given)  # checks every value given, on --resume too
+    if args.resume and (args.out / checkpoint.CONFIG_FILE).is_file():
+        config, ignored = checkpoint.resume_config(args.out, given)
+        if ignored:
+            say(f"note: --resume keeps the run's recipe; ignored: {', '.join(ignored)}")
     state = train(
         config,
         args.out,
@@ -114,15 +211,22 @@ def _head_arg(text: str) -> int | str:
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attention",
-        help="translate a sentence and draw its cross-attention",
-        description="Translate SENTENCE with a trained run and draw the decoder's cross-attention "
-        "of the output it produced (under beam search, the chosen hypothesis): rows are target "
-        "subwords (queries, with the EOS step), columns source subwords (keys, with EOS). Beside "
-        "each map, and on stdout: each row's entropy (bits) and its mass on EOS and punctuation "
-        "columns. Layers and heads are numbered from 1.",
+        help="translate sentences and explore their cross-attention, step by step",
+        description="Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
+        "decoder's cross-attention of the output it produced (under beam search, the chosen "
+        "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
+        "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
+        "entropy (bits) and mass on EOS and punctuation (also on stdout). HTML: a self-contained "
+        "explorer: a step-through of decoding (the token chosen at each step, its probability, "
+        "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap, a "
+        "line view and a model view, with a sentence picker. JSON: one record per sentence per "
+        "line. Layers, heads and steps are numbered from 1.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("sentence", metavar="SENTENCE", help="source sentence (quote it)")
+    p.add_argument("sentence", nargs="?", metavar="SENTENCE", help="source sentence (quote it)")
+    p.add_argument(
+        "-i", "--input", type=Path, help="one source sentence per line (HTML and JSON only)"
+    )
     p.add_argument("-o", "--output", type=Path, help="output file (default: attention.FORMAT here)")
     p.add_argument(
         "--format",
@@ -148,9 +252,27 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
     )
     p.add_argument(
+        "--max-len", type=int, help="stop outputs at this many subwords (default: a * S + b)"
+    )
+    p.add_argument(
+        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
+    )
+    p.add_argument(
+        "--words",
+        action="store_true",
+        help="merge subwords into words: a source word's weight is the sum over its subwords, "
+        "a target word's row the mean of its subwords' rows",
+    )
+    p.add_argument(
         "--reference",
         metavar="TRANSLATION",
         help="draw the maps of this given translation, teacher-forced, instead of the model's own",
+    )
+    p.add_argument(
+        "--reference-file",
+        type=Path,
+        metavar="FILE",
+        help="with -i: one reference per line, teacher-forced",
     )
     p.add_argument(
         "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
@@ -161,27 +283,82 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 def _run_attention(args: argparse.Namespace) -> int:
     import warnings
 
-    from seq2seq.attention_report import attention_report, format_table
+    from seq2seq.attention_report import (
+        attention_report,
+        format_table,
+        read_sentences,
+        selected_maps,
+    )
 
+    if (args.sentence is None) == (args.input is None):
+        raise Seq2SeqError("give one SENTENCE or -i FILE")
+    if args.input is not None and args.reference is not None:
+        raise Seq2SeqError("--reference goes with SENTENCE; with -i FILE use --reference-file")
+    if args.input is None and args.reference_file is not None:
+        raise Seq2SeqError("--reference-file goes with -i FILE; with SENTENCE use --reference")
+    sentences = read_sentences(args.input) if args.input else args.sentence
+    references = args.reference
+    if args.reference_file is not None:
+        references = read_sentences(args.reference_file, "--reference-file")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = attention_report(
             args.run_dir,
-            args.sentence,
-            args.layer,
-            args.head,
-            args.beam,
-            args.format,
-            args.output,
-            args.reference,
-            args.device,
+            sentences,
+            references=references,
+            layer=args.layer,
+            head=args.head,
+            beam=args.beam,
+            max_len=args.max_len,
+            ban_eos=args.ban_eos,
+            words=args.words,
+            fmt=args.format,
+            out=args.output,
+            device=args.device,
         )
     for w in caught:  # e.g. no installed font for a script: its glyphs draw as boxes
         print(f"warning: {w.message}", file=sys.stderr)
-    print(f"translation: {report['translation']}")
-    print(f"decoding: {report['decoding']}; stop reason: {report['stop_reason']}")
-    print(format_table(report))
+    records = report["records"]
+    for n, r in enumerate(records, start=1):
+        where = f"[{n}] " if len(records) > 1 else ""
+        for note in r["notes"]:
+            print(f"warning: {where}{note}", file=sys.stderr)
+        limit = f" (max_len {r['max_len']})" if r["max_len"] is not None else ""
+        print(f"{where}translation: {r['translation']}")
+        print(
+            f"{where}decoding: {r['decoding']}; stop reason: {r['stop_reason']} at step "
+            f"{r['stop_step']}{limit}"
+        )
+    if len(records) == 1:
+        print(format_table(records[0], selected_maps(records[0], args.layer, args.head)))
     print(f"wrote {report['path']}")
+    return 0
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="a local web page to type sentences and explore their translation's attention",
+        description="Load a trained run once and serve the attention explorer at "
+        "http://HOST:PORT/: type sentences, get their translations and the step-through, "
+        "heatmap, line and model views; beam, max_len and 'ban EOS' show how decoding decides "
+        "the length. Ctrl-C stops.",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine)"
+    )
+    p.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
+    )
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from seq2seq.serve import serve
+
+    serve(args.run_dir, host=args.host, port=args.port, device=args.device)
     return 0
 
 
@@ -242,7 +419,6 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "with --nbest N > 1, N lines 'INDEX ||| SCORE ||| TEXT' per input (INDEX from 0). "
         "Invalid UTF-8 input is decoded with replacement characters (one warning).",
     )
-    p.__class__ = _IntermixedParser
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("text", nargs="*", metavar="TEXT", help="sentences to translate")
     p.add_argument("-i", "--input", type=Path, help="read lines from this file")
@@ -324,8 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an encoder-decoder Transformer translator, translate, and inspect cross-attention.",
     )
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_data, _add_train, _add_translate, _add_evaluate, _add_attention):
+    # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=_IntermixedParser
+    )
+    for add in (_add_data, _add_train, _add_translate, _add_evaluate, _add_attention, _add_serve):
         add(sub)
     return parser
 

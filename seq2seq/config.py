@@ -7,6 +7,7 @@ config is saved with every run so a checkpoint can rebuild its model alone.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,11 @@ class TrainConfig:
     clip_norm: float = 1.0
     accum_steps: int = 1  # gradient accumulation: effective batch = accum_steps * max_tokens
     max_epochs: int = 100
-    max_time: float | None = None  # minutes of wall time; None = no limit
+    # Minutes of wall time, then the run validates, saves and stops; 0 or None = no limit.
+    # A time budget, not an epoch count: the same command ends in the same half hour on a
+    # laptop, a 2-core VM or a workstation (each gets as many epochs as it can afford);
+    # on a GPU use --max-time 0 and let patience or max_epochs end the run.
+    max_time: float | None = 30.0
     max_steps: int | None = None
     patience: int = 10  # validations without BLEU improvement before stopping
     validate_every: int = 0  # steps; 0 = once per epoch
@@ -77,17 +82,51 @@ class TrainConfig:
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved
-    device: str = "auto"  # "auto", "cpu" or "cuda"
+    device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
+    keep_last: int = 0  # weights of the last N validated states kept in checkpoints/
+    average_last: int = 0  # at the end, average the last N kept states; kept if BLEU is better
 
 
 @dataclass
 class DecodeConfig:
-    beam: int = 1
-    nbest: int = 1
-    length_penalty: float = 1.0  # GNMT alpha in ((5 + len) / 6) ** alpha
-    max_len_a: float = 1.5  # max_len = a * S + b, S = source subwords
+    """How to decode: a run's ``decode`` section, and the one settings object every search,
+    ``translate_ids``, ``Translator`` and ``evaluate`` take; ``check`` is its one check."""
+
+    beam: int = 1  # 1 = greedy search
+    nbest: int = 1  # hypotheses returned per sentence, at most beam
+    length_penalty: float = 1.0  # GNMT alpha in ((5 + len) / 6) ** alpha; 0 = raw log-prob sum
+    # max_len = a * S + b output subwords, S = source subwords (EOS included): room for a
+    # translation half again as long as its source, and for short sources to say enough.
+    max_len_a: float = 1.5
     max_len_b: int = 10
-    max_tokens: int = 4096  # source tokens per translation batch
+    max_tokens: int = 4096  # source tokens per translation batch, padding included
+    use_cache: bool = True  # False recomputes the whole prefix every step: same output, slower
+    ban_eos: bool = False  # EOS never chosen: every output runs to max_len (length studies)
+
+    def check(self) -> None:
+        """One-line errors for settings no search can run."""
+        if self.beam < 1:
+            raise Seq2SeqError(f"decode.beam must be >= 1 (1 = greedy), got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise Seq2SeqError(
+                f"decode.nbest must be between 1 and decode.beam, got nbest {self.nbest} "
+                f"with beam {self.beam}"
+            )
+        if self.max_len_a < 0 or self.max_len_b < 1:
+            raise Seq2SeqError(
+                f"decode.max_len_a must be >= 0 and decode.max_len_b >= 1, got "
+                f"{self.max_len_a} and {self.max_len_b}"
+            )
+        if self.max_tokens < 1:
+            raise Seq2SeqError(f"decode.max_tokens must be >= 1, got {self.max_tokens}")
+
+    def with_overrides(self, **overrides: Any) -> DecodeConfig:
+        """A checked copy with the non-None ``overrides`` on top (an option left unset on
+        the command line is None and keeps the run's value)."""
+        given = {key: value for key, value in overrides.items() if value is not None}
+        decode = dataclasses.replace(self, **given)
+        decode.check()
+        return decode
 
 
 @dataclass
@@ -188,6 +227,11 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then each ``--set`` override, in that order."""
+    return config_from_dict(given_values(path, overrides))
+
+
+def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, Any]:
+    """What the YAML file and the ``--set`` overrides set, nested by section; no defaults."""
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -203,7 +247,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
     for text in overrides:
         values = _merge(values, parse_override(text))
-    return config_from_dict(values)
+    return values
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
@@ -225,7 +269,7 @@ _MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 6553
 
 def validate(config: Config) -> None:
     """Reject absurd values with a message naming the key."""
-    m, t, d, dec = config.model, config.train, config.data, config.decode
+    m, t, d = config.model, config.train, config.data
     checks = [
         (
             m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
@@ -270,8 +314,15 @@ def validate(config: Config) -> None:
             "train.accum_steps and train.max_epochs must be >= 1",
         ),
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
-        (t.device in ("auto", "cpu", "cuda"), "train.device must be 'auto', 'cpu' or 'cuda'"),
-        (t.max_time is None or t.max_time > 0, "train.max_time must be positive (minutes)"),
+        (
+            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", t.device) is not None,
+            "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
+        ),
+        (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),
+        (
+            t.keep_last >= 0 and 0 <= t.average_last <= t.keep_last,
+            "train.average_last must be between 0 and train.keep_last",
+        ),
         (t.log_every >= 1, "train.log_every must be >= 1"),
         (t.patience >= 1, "train.patience must be >= 1"),
         (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
@@ -285,15 +336,8 @@ def validate(config: Config) -> None:
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
         (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
-        (
-            dec.beam >= 1 and 1 <= dec.nbest <= dec.beam,
-            "decode.nbest must be between 1 and decode.beam",
-        ),
-        (
-            dec.max_len_a >= 0 and dec.max_len_b >= 1,
-            "decode.max_len_a must be >= 0 and max_len_b >= 1",
-        ),
     ]
     for ok, message in checks:
         if not ok:
             raise Seq2SeqError(f"config: {message}")
+    config.decode.check()

@@ -1,24 +1,24 @@
-"""The trainer: data, loop, schedule, clipping, validation, early stop, checkpoints and logs.
+"""The trainer: a loop of named steps over the model, the loss, the schedule and the run directory.
 
 Nothing here knows how the model works inside: it takes logits from ``model(src, tgt_in)``,
-computes the loss apart, and owns the schedule, clipping, checkpoints and logs. The same
-code runs as one process or, under ``torchrun``, as several with DistributedDataParallel:
-every rank builds the same batch order, each takes its share of every batch, gradients are
-averaged, and only rank 0 writes files or prints.
+computes the loss apart, and owns the schedule, clipping, validation, checkpoints and logs.
+The same code runs as one process or, under ``torchrun``, as several with
+DistributedDataParallel: every rank builds the same batch order, each takes its share of
+every batch, gradients are averaged, and only rank 0 writes files or prints.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import dataclasses
 import json
 import math
-import os
-import shutil
+import platform
 import signal
+import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,144 +29,46 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from seq2seq import checkpoint
+from seq2seq import __version__, checkpoint
+from seq2seq.batching import Batch, TokenBatchSampler, batches_of, collate
 from seq2seq.config import Config
-from seq2seq.data import Batch, TokenBatchSampler, batches_of, collate, encode_pairs, load_corpus
+from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import Seq2Seq, build_model
 from seq2seq.precision import autocast, autocast_dtype
-from seq2seq.search import greedy_search
+from seq2seq.runtime import Runtime, setup_runtime
 from seq2seq.tokenizer import Tokenizer
+from seq2seq.translate import translate_ids
 from seq2seq.vocab import EOS_ID, PAD_ID
 
 Value = TypeVar("Value")
 
-# ---------------------------------------------------------------------------------------
-# Devices, processes, precision.
-
 
 @dataclass
-class Runtime:
-    rank: int = 0
-    world: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+class TrainState:
+    """The loop's counters: saved with every checkpoint, restored by ``--resume``."""
 
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # batches of the current epoch already trained
+    best_bleu: float = -1.0  # best validation BLEU so far, and the step it was reached
+    best_step: int = 0
+    patience_best: float = -1.0  # best BLEU of the scheduled validations: what patience counts from
+    bad_validations: int = 0  # scheduled validations since patience_best improved
+    bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
+    valid_step: int = -1  # the step last validated
+    elapsed: float = 0.0  # seconds of wall time, carried across resumes
+    stop_reason: str | None = None
 
-
-def setup_runtime(device: str, threads: int | None) -> Runtime:
-    """One process, or one rank of a ``torchrun`` job (gloo on CPU, nccl on CUDA)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
-        raise Seq2SeqError("train.device is 'cuda' but no CUDA device is available")
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-    else:
-        dev = torch.device("cpu")
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
-    return Runtime(rank, world, dev)
-
-
-# ---------------------------------------------------------------------------------------
-# The run directory: refuse to clobber, lock against a second trainer.
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``run_dir/.lock``: released by the kernel if the holder dies."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
-        self.handle = None
-
-    def __enter__(self) -> RunLock:
-        self.handle = open(self.path, "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self.handle.seek(0)
-            holder = self.handle.read().strip() or "unknown"
-            self.handle.close()
-            raise Seq2SeqError(
-                f"{self.path.parent} is in use by another training process (pid {holder})"
-            ) from None
-        self.handle.seek(0)
-        self.handle.truncate()
-        self.handle.write(str(os.getpid()))
-        self.handle.flush()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
-
-
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Fail at start, with one line, if the directory cannot or must not be written."""
-    if resume and not (run_dir / checkpoint.LAST_FILE).is_file():
-        raise Seq2SeqError(f"cannot resume: {run_dir / checkpoint.LAST_FILE} does not exist")
-    if (
-        not resume
-        and run_dir.exists()
-        and any(p.name != ".lock" for p in run_dir.iterdir())
-        and not overwrite
-    ):
-        raise Seq2SeqError(
-            f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it"
-        )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"0" * 4096)
-        probe.unlink()
-    except OSError as e:
-        raise Seq2SeqError(f"cannot write to {run_dir}: {e.strerror or e}") from None
-
-
-# What a run writes; --overwrite removes these (and nothing else) so that no file of the
-# old run (metrics, a best model, attention maps) survives into the new one.
-RUN_FILES = (
-    checkpoint.CONFIG_FILE,
-    checkpoint.BEST_FILE,
-    checkpoint.LAST_FILE,
-    "metrics.jsonl",
-    "data_summary.json",
-    "spm.model",
-    "spm_src.model",
-    "spm_tgt.model",
-)
-RUN_DIRS = ("attention", "tensorboard")
-# What a resumed run takes from its command line (budgets, stopping, logging, hardware);
-# the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
-RESUME_BUDGETS = (
-    "max_epochs",
-    "max_time",
-    "max_steps",
-    "patience",
-    "max_bad_steps",
-    "validate_every",
-    "valid_bleu_sentences",
-    "log_every",
-    "attention_sentences",
-    "threads",
-    "device",
-)
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(run_dir / name, ignore_errors=True)
+    @classmethod
+    def from_saved(cls, counters: dict[str, Any]) -> TrainState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        state = cls(**{k: v for k, v in counters.items() if k in known})
+        if "patience_best" not in counters:  # saved before patience had its own reference
+            state.patience_best = state.best_bleu
+        state.stop_reason = None
+        return state
 
 
 # ---------------------------------------------------------------------------------------
@@ -268,34 +170,24 @@ def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, d
     return total / max(tokens, 1)
 
 
-@torch.inference_mode()
-def translate_ids(
-    model: Seq2Seq,
-    src_ids: list[list[int]],
-    max_tokens: int,
-    device,
-    dtype,
-    need_weights: bool = False,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-) -> list:
-    """Greedy hypotheses for ``src_ids`` in input order, decoded in token-bounded batches."""
-    out: list = [None] * len(src_ids)
-    for idx in batches_of(src_ids, None, max_tokens):
-        batch = collate([src_ids[i] for i in idx], None).to(device)
-        with autocast(device, dtype):
-            hyps = greedy_search(model, batch.src, max_len_a, max_len_b, need_weights=need_weights)
-        for i, hyp in zip(idx, hyps, strict=True):
-            out[i] = hyp
-    return out
+def validation_bleu(model: Seq2Seq, data: Prepared, config: Config, device, dtype) -> float:
+    """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs."""
+    n = min(config.train.valid_bleu_sentences, len(data.valid_src))
+    greedy = dataclasses.replace(config.decode, beam=1, nbest=1)
+    hyps = translate_ids(model, data.valid_src[:n], greedy, device=device, dtype=dtype)
+    text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
+    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]]).score
 
 
-def save_attention_maps(model: Seq2Seq, data: Prepared, n: int, out_dir: Path, device) -> None:
+def save_attention_maps(
+    model: Seq2Seq, data: Prepared, config: Config, out_dir: Path, device
+) -> None:
     """Cross-attention of a few fixed validation sentences: PNG grids plus the raw weights."""
     from seq2seq.plotting import plot_attention, write_attention_json  # matplotlib only when used
 
-    tok = data.tokenizer
-    hyps = translate_ids(model, data.valid_src[:n], 4096, device, None, need_weights=True)
+    tok, n = data.tokenizer, config.train.attention_sentences
+    greedy = dataclasses.replace(config.decode, beam=1, nbest=1)
+    hyps = translate_ids(model, data.valid_src[:n], greedy, device=device, need_weights=True)
     for i, hyp in enumerate(hyps):
         src_pieces = tok.pieces(data.valid_src[i] + [EOS_ID], "src")
         tgt_ids = hyp.tokens + ([EOS_ID] if hyp.stop_reason == "eos" else [])
@@ -317,7 +209,7 @@ def save_attention_maps(model: Seq2Seq, data: Prepared, n: int, out_dir: Path, d
 
 
 # ---------------------------------------------------------------------------------------
-# Logging.
+# Logs.
 
 
 class MetricsLog:
@@ -343,9 +235,10 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                print(
-                    "warning: --tensorboard needs the 'tensorboard' package (pip install seq2seq[tensorboard])",
-                    file=sys.stderr,
+                say(
+                    "warning: --tensorboard needs the 'tensorboard' package "
+                    '(pip install -e ".[tensorboard]" in the repository)',
+                    run_dir,
                 )
             else:
                 purge = None if resume_step is None else resume_step + 1
@@ -374,6 +267,44 @@ def _logged_step(line: str) -> float:
         return math.inf
 
 
+def write_environment(run_dir: Path, runtime: Runtime, dtype) -> None:
+    """What someone needs to reproduce a number: versions, hardware, the command line."""
+    import sentencepiece
+
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "sacrebleu": sacrebleu.__version__,
+        "seq2seq": __version__,
+    }
+    repo = Path(__file__).resolve().parents[1]
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+        commit = done.stdout.strip() or None if done.returncode == 0 else None
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    environment = {
+        "versions": versions,
+        "git_commit": commit,
+        "cpu": cpu,
+        "threads": torch.get_num_threads(),
+        "device": str(runtime.device),
+        "processes": runtime.world,
+        "precision": "bf16 autocast" if dtype else "fp32",
+        "command": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(run_dir / "environment.json", json.dumps(environment, indent=2) + "\n")
+
+
 class StopSignals:
     """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits."""
 
@@ -395,7 +326,7 @@ class StopSignals:
 
 
 # ---------------------------------------------------------------------------------------
-# The loop.
+# The run directory, then the trainer.
 
 
 def train(
@@ -407,284 +338,311 @@ def train(
     tensorboard: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason)."""
+    """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
+
+    With ``resume``, the recipe comes from the run's saved config and only the budgets
+    (``checkpoint.RESUME_BUDGETS``) from ``config``.
+    """
     run_dir = Path(run_dir)
-    t = config.train
-    runtime = setup_runtime(t.device, t.threads)
+    runtime = setup_runtime(config.train.device, config.train.threads)
     if runtime.main:
-        prepare_run_dir(run_dir, resume, overwrite)
+        checkpoint.prepare_run_dir(run_dir, resume, overwrite)
     if runtime.world > 1:
         dist.barrier()
-    lock = RunLock(run_dir) if runtime.main else contextlib.nullcontext()
+    lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
         if runtime.main:
-            remove_temporaries(run_dir, RUN_FILES)  # left by a process killed mid-write
+            remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
         if overwrite and not resume and runtime.main:
-            clear_run_dir(run_dir)
+            checkpoint.clear_run_dir(run_dir)
         if resume:
             saved = checkpoint.load_config_file(run_dir)
-            for name in RESUME_BUDGETS:  # budgets may change on resume; the recipe may not
+            for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
                 setattr(saved.train, name, getattr(config.train, name))
             config = saved
-        return _train(config, run_dir, runtime, resume, tensorboard, progress)
+        trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
+        return dataclasses.asdict(trainer.run())
 
 
-def _train(
-    config: Config, run_dir: Path, runtime: Runtime, resume: bool, tensorboard: bool, progress: bool
-) -> dict[str, Any]:
-    t, device = config.train, runtime.device
-    torch.manual_seed(t.seed)
-    data = prepare_data(config, run_dir, runtime, resume)
-    config.model.src_vocab_size = data.tokenizer.src_vocab_size
-    config.model.tgt_vocab_size = data.tokenizer.tgt_vocab_size
-    if runtime.main:
-        checkpoint.save_config(run_dir, config)
-        atomic_write_text(run_dir / "data_summary.json", json.dumps(data.summary, indent=2))
-    model = build_model(config.model).to(device)
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
-    )
-    schedule = inverse_sqrt(t.warmup_steps)
-    state = {
-        "step": 0,
-        "epoch": 0,
-        "batch": 0,
-        "best_bleu": -1.0,
-        "best_step": 0,
-        "bad_validations": 0,
-        "bad_steps": 0,
-        "valid_step": -1,  # the step last validated
-        "elapsed": 0.0,
-        "stop_reason": None,
-    }
-    if resume:
-        state.update(
-            checkpoint.load_training_state(
-                run_dir / checkpoint.LAST_FILE, model, optimizer, runtime.rank
-            )
-        )
-        state["stop_reason"] = None
-    dtype = autocast_dtype(t.precision, device)
-    ddp = nn.parallel.DistributedDataParallel(model) if runtime.world > 1 else model
-    sampler = TokenBatchSampler(
-        [len(s) + 1 for s in data.train_src],
-        [len(x) + 1 for x in data.train_tgt],
-        config.data.max_tokens,
-        t.seed,
-    )
-    log = MetricsLog(run_dir, runtime.main, tensorboard, state["step"] if resume else None)
-    if runtime.main:
-        say(
-            f"{data.summary['source']}: "
-            + ", ".join(f"{k} {v}" for k, v in data.summary["pairs"].items())
-            + f"; dropped {data.summary['dropped'] or 'none'}; model {sum(p.numel() for p in model.parameters()):,}"
-            f" parameters; {'bf16 autocast' if dtype else 'fp32'} on {device}"
-            + (f" x{runtime.world} processes" if runtime.world > 1 else "")
-            + (f"; resuming at step {state['step']}" if resume else "")
-        )
-    started = time.time() - state["elapsed"]
+class Trainer:
+    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains."""
 
-    def save_last() -> None:
-        # Every rank's RNG: dropout masks differ across ranks, and a resumed rank must go on
-        # drawing from where it stopped for the run to continue as if never interrupted.
-        rng = gather(runtime, checkpoint.rng_state())
+    def __init__(
+        self,
+        config: Config,
+        run_dir: Path,
+        runtime: Runtime,
+        resume: bool,
+        tensorboard: bool,
+        progress: bool,
+    ) -> None:
+        t, device = config.train, runtime.device
+        self.config, self.run_dir, self.runtime, self.progress = config, run_dir, runtime, progress
+        torch.manual_seed(t.seed)
+        self.data = prepare_data(config, run_dir, runtime, resume)
+        config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
+        config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
+        self.dtype = autocast_dtype(t.precision, device)
         if runtime.main:
-            state["elapsed"] = time.time() - started
-            checkpoint.save_training_state(
-                run_dir / checkpoint.LAST_FILE, model, optimizer, state, rng
+            checkpoint.save_config(run_dir, config)
+            atomic_write_text(run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2))
+            write_environment(run_dir, runtime, self.dtype)
+        self.model = build_model(config.model).to(device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
+        )
+        self.schedule = inverse_sqrt(t.warmup_steps)
+        self.state = TrainState()
+        if resume:
+            counters = checkpoint.load_training_state(
+                run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, runtime.rank
+            )
+            self.state = TrainState.from_saved(counters)
+        self.ddp = nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
+        self.sampler = TokenBatchSampler(
+            [len(s) + 1 for s in self.data.train_src],
+            [len(x) + 1 for x in self.data.train_tgt],
+            config.data.max_tokens,
+            t.seed,
+        )
+        self.log = MetricsLog(run_dir, runtime.main, tensorboard, self.state.step if resume else None)
+        self.signals = StopSignals()
+        self.started = time.time() - self.state.elapsed
+        self.tick, self.tick_tokens = time.time(), 0  # tokens/s since the last log line
+        self.say(self.describe(resume))
+
+    def describe(self, resume: bool) -> str:
+        summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
+        return (
+            f"{summary['source']}: "
+            + ", ".join(f"{k} {v}" for k, v in summary["pairs"].items())
+            + f"; dropped {summary['dropped'] or 'none'}; model {n_params:,} parameters; "
+            + f"{'bf16 autocast' if self.dtype else 'fp32'} on {self.runtime.device}"
+            + (f" x{self.runtime.world} processes" if self.runtime.world > 1 else "")
+            + (f"; resuming at step {self.state.step}" if resume else "")
+        )
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> TrainState:
+        s, t = self.state, self.config.train
+        self.model.train()
+        s.stop_reason = self.check_stop()  # a resumed run may already be over
+        with self.signals:
+            while s.stop_reason is None and s.epoch < t.max_epochs:
+                self.train_epoch()
+                self.save()
+            s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
+            if not self.signals.received:
+                if s.valid_step != s.step and self.runtime.main:
+                    self.validate(scheduled=False)  # the state the budget ended on is scored
+                if t.average_last >= 2 and self.runtime.main:
+                    self.try_average()
+            self.save()
+        self.log.close()
+        self.say(
+            f"stopped: {s.stop_reason}; best validation BLEU {s.best_bleu:.2f} at step "
+            f"{s.best_step}; {s.step} steps, {(time.time() - self.started) / 60:.1f} min; "
+            f"run in {self.run_dir}"
+        )
+        return agree(self.runtime, s)  # validation counters live on rank 0
+
+    def train_epoch(self) -> None:
+        s, t = self.state, self.config.train
+        batches = self.sampler.batches(s.epoch)
+        bar = tqdm(
+            total=len(batches),
+            initial=s.batch,
+            desc=f"epoch {s.epoch}",
+            disable=not (self.progress and self.runtime.main),
+            leave=False,
+            dynamic_ncols=True,
+        )
+        self.tick, self.tick_tokens = time.time(), 0
+        while s.batch < len(batches):
+            group = batches[s.batch : s.batch + t.accum_steps]
+            loss, n_tokens = self.train_step(group)
+            s.batch += len(group)
+            bar.update(len(group))
+            if math.isfinite(loss):
+                s.step += 1
+                self.after_step(loss, n_tokens, bar)
+            else:
+                self.skip_bad_step()
+            s.stop_reason = self.check_stop()
+            if s.stop_reason:
+                break
+        bar.close()
+        if s.batch >= len(batches):
+            s.epoch, s.batch = s.epoch + 1, 0
+            if not t.validate_every and self.runtime.main and not self.signals.received:
+                self.validate()
+            s.stop_reason = s.stop_reason or self.check_stop()
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def train_step(self, group: list[list[int]]) -> tuple[float, int]:
+        """One optimizer step over ``group`` (``accum_steps`` batches); returns the mean loss
+        per target token over the whole global batch (NaN for a step skipped for a
+        non-finite loss or gradient) and its target token count."""
+        t, runtime, data = self.config.train, self.runtime, self.data
+        n_total = sum(sum(len(data.train_tgt[i]) + 1 for i in idx) for idx in group)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=runtime.device)
+        for micro, idx in enumerate(group):
+            shard = idx[runtime.rank :: runtime.world]
+            weight = 1.0
+            if not shard:  # fewer pairs than ranks: take part with zero weight
+                shard, weight = idx[:1], 0.0
+            batch: Batch = collate([data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard])
+            batch = batch.to(runtime.device)
+            last = micro == len(group) - 1
+            sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
+            no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
+            with no_sync, autocast(runtime.device, self.dtype):
+                logits = self.ddp(batch.src, batch.tgt_in)
+                loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
+            # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
+            (loss * runtime.world / n_total).backward()
+            loss_sum += loss.detach()
+        if runtime.world > 1:
+            dist.all_reduce(loss_sum)
+        mean_loss = loss_sum.item() / n_total
+        # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
+        # with clipping off, an infinite max_norm measures without scaling).
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or math.inf)
+        if not (math.isfinite(mean_loss) and math.isfinite(norm.item())):
+            self.optimizer.zero_grad(set_to_none=True)
+            return math.nan, n_total
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = t.lr * self.schedule(self.state.step + 1)
+        self.optimizer.step()
+        return mean_loss, n_total
+
+    def after_step(self, loss: float, n_tokens: int, bar: tqdm) -> None:
+        """Log every ``log_every`` steps; validate and save every ``validate_every``."""
+        s, t = self.state, self.config.train
+        self.tick_tokens += n_tokens
+        if s.step % t.log_every == 0:
+            rate = self.tick_tokens / max(time.time() - self.tick, 1e-9)
+            lr = self.optimizer.param_groups[0]["lr"]
+            postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
+            if t.max_time:
+                left = max(0.0, t.max_time * 60 - (time.time() - self.started))
+                postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
+            bar.set_postfix(postfix)
+            values = {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": s.epoch}
+            self.log.log("train", s.step, values)
+            self.tick, self.tick_tokens = time.time(), 0
+        if t.validate_every and s.step % t.validate_every == 0:
+            if self.runtime.main:
+                self.validate()
+            self.save()
+            self.tick, self.tick_tokens = time.time(), 0  # tokens/s measures training alone
+
+    def skip_bad_step(self) -> None:
+        s, t = self.state, self.config.train
+        s.bad_steps += 1
+        self.say(
+            f"warning: non-finite loss at step {s.step + 1}; step skipped "
+            f"({s.bad_steps} of at most {t.max_bad_steps})"
+        )
+        if s.bad_steps > t.max_bad_steps:
+            raise Seq2SeqError(
+                f"training stopped: {s.bad_steps} steps with a NaN/Inf loss "
+                f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
             )
 
-    def validate() -> None:
-        model.eval()
-        loss = validation_loss(model, data, config.data.max_tokens, device, dtype)
-        n = min(t.valid_bleu_sentences, len(data.valid_src))
-        d = config.decode
-        hyps = translate_ids(
-            model,
-            data.valid_src[:n],
-            d.max_tokens,
-            device,
-            dtype,
-            max_len_a=d.max_len_a,
-            max_len_b=d.max_len_b,
-        )
-        text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
-        bleu = sacrebleu.corpus_bleu(text, [data.valid_refs[:n]]).score
-        elapsed = time.time() - started
-        state["valid_step"] = state["step"]
-        if bleu > state["best_bleu"]:
-            state.update(best_bleu=bleu, best_step=state["step"], bad_validations=0)
-            checkpoint.save_model(
-                model, run_dir / checkpoint.BEST_FILE, {"step": state["step"], "bleu": bleu}
-            )
-        else:
-            state["bad_validations"] += 1
+    def validate(self, scheduled: bool = True) -> None:
+        """Validation loss and greedy BLEU; the best weights by BLEU become ``model.safetensors``.
+
+        Only scheduled validations (every epoch or ``validate_every`` steps) count toward
+        patience, so that a run stopped by a budget and resumed stops early exactly where
+        an uninterrupted run would.
+        """
+        s, t, device = self.state, self.config.train, self.runtime.device
+        self.model.eval()
+        loss = validation_loss(self.model, self.data, self.config.data.max_tokens, device, self.dtype)
+        bleu = validation_bleu(self.model, self.data, self.config, device, self.dtype)
+        s.valid_step = s.step
+        if bleu > s.best_bleu:
+            s.best_bleu, s.best_step = bleu, s.step
+            metadata = {"step": s.step, "bleu": bleu}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        if scheduled and bleu > s.patience_best:
+            s.patience_best, s.bad_validations = bleu, 0
+        elif scheduled:
+            s.bad_validations += 1
+        checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
         if t.attention_sentences:
-            save_attention_maps(
-                model,
-                data,
-                t.attention_sentences,
-                run_dir / "attention" / f"step_{state['step']}",
-                device,
+            out_dir = self.run_dir / "attention" / f"step_{s.step}"
+            save_attention_maps(self.model, self.data, self.config, out_dir, device)
+        minutes = (time.time() - self.started) / 60
+        ppl = math.exp(min(loss, 50))
+        values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
+        self.log.log("valid", s.step, {**values, "epoch": s.epoch, "elapsed_min": minutes})
+        self.say(
+            f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
+            f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
+        )
+        self.model.train()
+
+    def try_average(self) -> None:
+        """Average the last ``average_last`` kept states; keep the average as the best model
+        when its validation BLEU beats the best single state's."""
+        s, t, device = self.state, self.config.train, self.runtime.device
+        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
+        if len(kept) < 2:
+            return
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
+        self.model.eval()
+        bleu = validation_bleu(self.model, self.data, self.config, device, self.dtype)
+        steps = [int(p.stem.removeprefix("step_")) for p in kept]
+        better = bleu > s.best_bleu
+        if better:
+            s.best_bleu, s.best_step = bleu, s.step
+            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        self.model.load_state_dict(trained)
+        self.model.train()
+        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
+        self.say(
+            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
+            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
+        )
+
+    def save(self) -> None:
+        """The whole training state into ``last.safetensors``, with every rank's RNG: dropout
+        masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
+        rng = gather(self.runtime, checkpoint.rng_state())
+        if self.runtime.main:
+            self.state.elapsed = time.time() - self.started
+            checkpoint.save_training_state(
+                self.run_dir / checkpoint.LAST_FILE,
+                self.model,
+                self.optimizer,
+                dataclasses.asdict(self.state),
+                rng,
             )
-        values = {
-            "loss": loss,
-            "ppl": math.exp(min(loss, 50)),
-            "bleu": bleu,
-            "best_bleu": state["best_bleu"],
-            "epoch": state["epoch"],
-            "elapsed_min": elapsed / 60,
-        }
-        log.log("valid", state["step"], values)
-        say(
-            f"step {state['step']} epoch {state['epoch']}: valid loss {loss:.3f} ppl {values['ppl']:.2f} "
-            f"BLEU {bleu:.2f} (best {state['best_bleu']:.2f} at {state['best_step']}) {elapsed / 60:.1f} min"
-        )
-        model.train()
 
-    def stop_reason(signal_name: str | None) -> str | None:
-        if signal_name:
-            return f"signal {signal_name}"
-        if state["bad_validations"] >= t.patience:
-            return f"no BLEU improvement in {t.patience} validations"
-        if t.max_steps is not None and state["step"] >= t.max_steps:
-            return f"max_steps {t.max_steps}"
-        if t.max_time is not None and time.time() - started >= t.max_time * 60:
-            return f"max_time {t.max_time} min"
-        return None
+    def check_stop(self) -> str | None:
+        """Why the run should stop now (the same answer on every rank), or None."""
+        s, t = self.state, self.config.train
+        reason = None
+        if self.signals.received:
+            reason = f"signal {self.signals.received}"
+        elif s.bad_validations >= t.patience:
+            reason = f"no BLEU improvement in {t.patience} validations"
+        elif t.max_steps is not None and s.step >= t.max_steps:
+            reason = f"max_steps {t.max_steps}"
+        elif t.max_time and time.time() - self.started >= t.max_time * 60:
+            reason = f"max_time {t.max_time:g} min"
+        return agree(self.runtime, reason)
 
-    model.train()
-    # A resumed run may already be over (its step budget spent, its patience run out).
-    state["stop_reason"] = agree(runtime, stop_reason(None))
-    with StopSignals() as signals:
-        while state["stop_reason"] is None and state["epoch"] < t.max_epochs:
-            epoch_batches = sampler.batches(state["epoch"])
-            bar = tqdm(
-                total=len(epoch_batches),
-                initial=state["batch"],
-                desc=f"epoch {state['epoch']}",
-                disable=not (progress and runtime.main),
-                leave=False,
-                dynamic_ncols=True,
-            )
-            tick, tick_tokens = time.time(), 0
-            while state["batch"] < len(epoch_batches):
-                group = epoch_batches[state["batch"] : state["batch"] + t.accum_steps]
-                loss, n_tokens = train_step(
-                    ddp,
-                    optimizer,
-                    group,
-                    data,
-                    config,
-                    runtime,
-                    dtype,
-                    lr=t.lr * schedule(state["step"] + 1),
-                )
-                state["batch"] += len(group)
-                bar.update(len(group))
-                if not math.isfinite(loss):
-                    state["bad_steps"] += 1
-                    if runtime.main:
-                        say(
-                            f"warning: non-finite loss at step {state['step'] + 1}; step skipped "
-                            f"({state['bad_steps']} of at most {t.max_bad_steps})"
-                        )
-                    if state["bad_steps"] > t.max_bad_steps:
-                        raise Seq2SeqError(
-                            f"training stopped: {state['bad_steps']} steps with a NaN/Inf loss "
-                            f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
-                        )
-                    state["stop_reason"] = agree(runtime, stop_reason(signals.received))
-                    if state["stop_reason"]:
-                        break
-                    continue
-                state["step"] += 1
-                tick_tokens += n_tokens
-                if state["step"] % t.log_every == 0:
-                    rate = tick_tokens / max(time.time() - tick, 1e-9)
-                    lr = optimizer.param_groups[0]["lr"]
-                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{rate:,.0f}")
-                    log.log(
-                        "train",
-                        state["step"],
-                        {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": state["epoch"]},
-                    )
-                    tick, tick_tokens = time.time(), 0
-                if t.validate_every and state["step"] % t.validate_every == 0:
-                    if runtime.main:
-                        validate()
-                    save_last()
-                    tick, tick_tokens = time.time(), 0  # tokens/s measures training alone
-                state["stop_reason"] = agree(runtime, stop_reason(signals.received))
-                if state["stop_reason"]:
-                    break
-            bar.close()
-            if state["batch"] >= len(epoch_batches):
-                state.update(epoch=state["epoch"] + 1, batch=0)
-                if not t.validate_every and runtime.main and not (signals.received):
-                    validate()
-                state["stop_reason"] = state["stop_reason"] or agree(
-                    runtime, stop_reason(signals.received)
-                )
-            save_last()
-        state["stop_reason"] = state["stop_reason"] or f"max_epochs {t.max_epochs}"
-        if runtime.main and state["valid_step"] != state["step"] and not signals.received:
-            validate()  # the state the budget ended on is scored too, and a model always exists
-        save_last()
-    log.close()
-    if runtime.main:
-        say(
-            f"stopped: {state['stop_reason']}; best validation BLEU {state['best_bleu']:.2f} at step "
-            f"{state['best_step']}; {state['step']} steps, {(time.time() - started) / 60:.1f} min; run in {run_dir}"
-        )
-    return agree(runtime, state)  # validation counters live on rank 0
-
-
-def train_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    group: list[list[int]],
-    data: Prepared,
-    config: Config,
-    runtime: Runtime,
-    dtype,
-    lr: float,
-) -> tuple[float, int]:
-    """One optimizer step over ``group`` (``accum_steps`` batches); returns the mean loss per
-    target token over the whole global batch and its target token count."""
-    t = config.train
-    n_total = sum(sum(len(data.train_tgt[i]) + 1 for i in idx) for idx in group)
-    optimizer.zero_grad(set_to_none=True)
-    loss_sum = torch.zeros((), device=runtime.device)
-    for micro, idx in enumerate(group):
-        shard = idx[runtime.rank :: runtime.world]
-        weight = 1.0
-        if not shard:  # fewer pairs than ranks: take part with zero weight
-            shard, weight = idx[:1], 0.0
-        batch: Batch = collate(
-            [data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard]
-        )
-        batch = batch.to(runtime.device)
-        sync = micro == len(group) - 1 or not isinstance(model, nn.parallel.DistributedDataParallel)
-        with contextlib.nullcontext() if sync else model.no_sync(), autocast(runtime.device, dtype):
-            logits = model(batch.src, batch.tgt_in)
-            loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
-        # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
-        (loss * runtime.world / n_total).backward()
-        loss_sum += loss.detach()
-    if runtime.world > 1:
-        dist.all_reduce(loss_sum)
-    mean_loss = loss_sum.item() / n_total
-    # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
-    # with clipping off, an infinite max_norm measures without scaling).
-    norm = nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or math.inf)
-    if not (math.isfinite(mean_loss) and math.isfinite(norm.item())):
-        optimizer.zero_grad(set_to_none=True)
-        return math.nan, n_total
-    for param_group in optimizer.param_groups:
-        param_group["lr"] = lr
-    optimizer.step()
-    return mean_loss, n_total
+    def say(self, message: str) -> None:
+        if self.runtime.main:
+            say(message, self.run_dir)
 
 
 def agree(runtime: Runtime, value: Value) -> Value:
@@ -705,5 +663,9 @@ def gather(runtime: Runtime, value: Value) -> list[Value]:
     return values
 
 
-def say(message: str) -> None:
+def say(message: str, run_dir: Path | None = None) -> None:
+    """A line on stderr (above the progress bar) and, for a run, in its ``train.log``."""
     tqdm.write(message, file=sys.stderr)
+    if run_dir is not None:
+        with contextlib.suppress(OSError), open(run_dir / "train.log", "a", encoding="utf-8") as f:
+            f.write(message + "\n")

@@ -1,5 +1,5 @@
-import argparse
 import gzip
+import hashlib
 import itertools
 import json
 import time
@@ -10,21 +10,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seq2seq import data
-from seq2seq.data import (
-    TokenBatchSampler,
-    add_data_args,
-    collate,
-    data_report,
-    encode_pairs,
-    load_corpus,
-    run_data_command,
-)
+from seq2seq import corpora as data
+from seq2seq.batching import TokenBatchSampler, collate
+from seq2seq.cli import format_data_report, main
+from seq2seq.config import DataConfig
+from seq2seq.corpora import data_report, encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.tokenizer import Tokenizer
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared/data/multi30k"
+MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"  # ships with the repository
 
 
 def pairs(n: int, prefix: str = "") -> list[tuple[str, str]]:
@@ -163,7 +158,7 @@ def test_wmt_style_translation_column_via_datasets(tmp_path, monkeypatch):
     assert ("sentence 0", "Satz 0") in corpus.splits["train"]
 
 
-def test_hub_id_without_network_fails_fast_naming_local_copies():
+def test_hub_id_without_network_fails_fast_naming_the_shipped_copy():
     if data._hub_unreachable() is None:
         pytest.skip(
             "the Hub is reachable (or HF_HUB_OFFLINE/proxy set): this checks the offline error"
@@ -172,22 +167,50 @@ def test_hub_id_without_network_fails_fast_naming_local_copies():
     with pytest.raises(Seq2SeqError, match="cannot reach the Hugging Face Hub") as error:
         load_corpus("bentrevett/multi30k", "de", "en")
     assert time.monotonic() - start < 5
-    assert "data/sample" in str(error.value)
-    if MULTI30K.is_dir():
-        assert "shared/data/multi30k" in str(error.value)
-    with pytest.raises(Seq2SeqError, match="'bentrevett/multi30k'"):
-        load_corpus("multi30k", "de", "en")  # the registry name resolves to the Hub id
+    assert "try a local copy: --data multi30k or --data sample" in str(error.value)
+
+
+def test_the_default_corpus_is_the_shipped_multi30k_from_any_working_directory(
+    tmp_path, monkeypatch
+):
+    assert DataConfig().data == "multi30k"
+    monkeypatch.chdir(tmp_path)
+    corpus = load_corpus("multi30k", "de", "en")
+    assert sizes(corpus) == {"train": 29000, "validation": 1014, "test": 1000}
+    assert str(MULTI30K) in corpus.source_description
+
+
+def test_without_the_repository_a_registry_name_is_one_line_saying_what_to_do(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(data, "REGISTRY", tmp_path / "corpora.yaml")  # as in a plain pip install
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Seq2SeqError, match="no corpus registry .* point --data at a corpus folder"):
+        load_corpus("multi30k", "de", "en")
+    registry = tmp_path / "registry.yaml"
+    registry.write_text("gone:\n  path: data/not-here\n")
+    monkeypatch.setattr(data, "REGISTRY", registry)
+    with pytest.raises(Seq2SeqError, match="corpus 'gone' should be in .*not-here, which is missing"):
+        load_corpus("gone", "de", "en")
 
 
 # --- The real Multi30k copy ----------------------------------------------------------------
 
 
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"no local Multi30k copy at {MULTI30K}")
 @pytest.mark.parametrize("src, tgt", list(itertools.permutations(["en", "de", "fr", "cs"], 2)))
 def test_multi30k_every_ordered_pair(src, tgt):
     corpus = load_corpus(str(MULTI30K), src, tgt)
     assert sizes(corpus) == {"train": 29000, "validation": 1014, "test": 1000}
     assert corpus.dropped == {}
+
+
+def test_the_shipped_multi30k_files_are_the_published_ones():
+    listed = (MULTI30K / "README.md").read_text()
+    files = sorted(MULTI30K.glob("*.gz"))
+    assert len(files) == 12
+    for path in files:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert f"{digest}  {path.name}" in listed, path.name
 
 
 # --- Bad data ------------------------------------------------------------------------------
@@ -279,10 +302,10 @@ def test_long_pairs_dropped_from_training_only_and_counted(tokenizer):
     assert n_long == 1 and len(src_ids) == len(tgt_ids) == 40
     assert all(len(ids) <= 50 for ids in src_ids + tgt_ids)
     assert encode_pairs(corpus.splits["train"], tokenizer, None)[2] == 0
-    report, text = data_report(corpus, tokenizer, max_len=50, max_tokens=512)
+    report = data_report(corpus, tokenizer, max_len=50, max_tokens=512)
     assert report["dropped"] == {"train": {"too long": 1}}
     assert report["splits"]["train"]["pairs"] == 40 and report["splits"]["test"]["pairs"] == 7
-    assert "train too long 1" in text
+    assert "train too long 1" in format_data_report(report)
 
 
 # --- Batches -------------------------------------------------------------------------------
@@ -338,17 +361,13 @@ def test_collate_shapes_and_contents():
 # --- The data command ----------------------------------------------------------------------
 
 
-def test_run_data_command_prints_and_saves_the_report(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    add_data_args(parser)
-    args = parser.parse_args(["--data", "sample"])
-    assert (args.src, args.tgt, args.test_split) == ("de", "en", None)
-    args.tokenizer, args.vocab_size, args.max_len, args.max_tokens = None, 8000, 100, 4096
-    args.out = tmp_path / "summary.json"
-    assert run_data_command(args) == 0
+def test_data_command_prints_and_saves_the_report(tmp_path, capsys):
+    out = tmp_path / "summary.json"
+    assert main(["data", "--data", "sample", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "train" in printed and "padding" in printed and "does not fit" in printed
-    report = json.loads(args.out.read_text())
+    report = json.loads(out.read_text())
     assert report["splits"]["train"]["pairs"] == 40
     assert set(report["splits"]["validation"]["src_lengths"]) == {"p50", "p90", "p99", "max"}
-    assert 0 <= report["batches"]["padding_fraction"] < 1
+    # Its batches are the trainer's: the same per-side token bound by default.
+    assert report["batches"]["max_tokens_per_side"] == DataConfig().max_tokens

@@ -49,6 +49,7 @@ TINY = {
     "train.log_every": 1,
     "train.warmup_steps": 10,
     "train.lr": 0.003,
+    "train.precision": "fp32",  # bf16 where the CPU has it changes the last digits compared
 }
 
 

@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from seq2seq.checkpoint import load_run
 from seq2seq.config import load_config
-from seq2seq.data import batches_of, collate
+from seq2seq.batching import batches_of, collate
 from seq2seq.model import Seq2Seq
 from seq2seq.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.train import train

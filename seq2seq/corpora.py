@@ -1,36 +1,32 @@
-"""Corpora to pairs, pairs to subword ids, ids to token-bucketed batches.
+"""Corpora to sentence pairs: the registry, local folders, TSV files, the Hugging Face Hub.
 
-``--data`` names one of: a registry name (``data/corpora.yaml``), a folder of line-aligned
-``{split}.{lang}[.gz]`` files (the Multi30k layout), a TSV file or folder of TSV files, a
-local folder of JSON-lines/Parquet files with the Hub's schema, or a Hugging Face Hub id.
-Every problem with the data is a one-line ``Seq2SeqError`` or a counted skip.
+``--data`` names one of: a registry name (``data/corpora.yaml``; ``multi30k``, the default,
+ships with the repository), a folder of line-aligned ``{split}.{lang}[.gz]`` files (the
+Multi30k layout), a TSV file or folder of TSV files, a local folder of JSON-lines/Parquet
+files with the Hub's schema, or a Hugging Face Hub id (``owner/name``). Every problem with
+the data is a one-line ``Seq2SeqError`` or a counted skip. Also here: pairs to subword ids,
+and the corpus report of ``seq2seq data``.
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
-import json
 import math
 import os
 import random
 import re
 import socket
-import tempfile
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-import torch
 import yaml
 
-from seq2seq.config import DataConfig
+from seq2seq.batching import TokenBatchSampler
 from seq2seq.errors import Seq2SeqError
 from seq2seq.tokenizer import Tokenizer
-from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 SPLITS = ("train", "validation", "test")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -407,121 +403,6 @@ def encode_pairs(
 
 
 # ---------------------------------------------------------------------------------------
-# Batches.
-
-
-class TokenBatchSampler:
-    """Batches of similar-length pairs holding at most ``max_tokens`` per side, padding included.
-
-    A batch of ``B`` pairs obeys ``max(B * S_max, B * T_max) <= max_tokens``; a single pair
-    longer than that gets a batch of its own. Each epoch every pair appears exactly once;
-    ties in length and the batch order are shuffled from ``(seed, epoch)``, so a resumed
-    run can rebuild an epoch and skip the batches it has done.
-    """
-
-    def __init__(
-        self,
-        src_lengths: list[int],
-        tgt_lengths: list[int],
-        max_tokens: int,
-        seed: int,
-        shuffle: bool = True,
-    ):
-        if len(src_lengths) != len(tgt_lengths):
-            raise ValueError(
-                f"{len(src_lengths)} source lengths but {len(tgt_lengths)} target lengths"
-            )
-        if max_tokens < 1:
-            raise Seq2SeqError(f"max_tokens must be positive, got {max_tokens}")
-        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.shuffle = shuffle
-
-    def batches(self, epoch: int) -> list[list[int]]:
-        rng = np.random.default_rng([self.seed, epoch])
-        order = (
-            rng.permutation(len(self.src_lengths))
-            if self.shuffle
-            else np.arange(len(self.src_lengths))
-        )
-        # Stable sort by the longer side (what the bound is on), then source, then target
-        # length: the shuffle above only breaks ties. Padding on Multi30k: 4%.
-        src, tgt = self.src_lengths[order], self.tgt_lengths[order]
-        order = order[np.lexsort((tgt, src, np.maximum(src, tgt)))]
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        s_max = t_max = 0
-        for i in order.tolist():
-            s, t = max(s_max, self.src_lengths[i]), max(t_max, self.tgt_lengths[i])
-            if batch and (len(batch) + 1) * max(s, t) > self.max_tokens:
-                batches.append(batch)
-                batch, s, t = [], self.src_lengths[i], self.tgt_lengths[i]
-            batch.append(i)
-            s_max, t_max = s, t
-        if batch:
-            batches.append(batch)
-        if self.shuffle:
-            rng.shuffle(batches)
-        return batches
-
-    def padding_fraction(self, epoch: int = 0) -> float:
-        """Padding slots over all slots of the batch tensors, both sides together."""
-        slots = real = 0
-        for batch in self.batches(epoch):
-            s, t = self.src_lengths[batch], self.tgt_lengths[batch]
-            slots += len(batch) * (int(s.max()) + int(t.max()))
-            real += int(s.sum()) + int(t.sum())
-        return 1.0 - real / slots if slots else 0.0
-
-
-def batches_of(
-    src: list[list[int]], tgt: list[list[int]] | None, max_tokens: int
-) -> list[list[int]]:
-    lengths = [len(s) + 1 for s in src]
-    tgt_lengths = [len(t) + 1 for t in tgt] if tgt is not None else lengths
-    return TokenBatchSampler(lengths, tgt_lengths, max_tokens, seed=0, shuffle=False).batches(0)
-
-
-@dataclass
-class Batch:
-    """Padded id tensors of one batch.
-
-    Shapes:
-        src: (B, S), ids + EOS; tgt_in: (B, T), BOS + ids; tgt_out: (B, T), ids + EOS.
-        All right-padded with PAD; the target tensors are None when there is no target.
-    """
-
-    src: torch.Tensor
-    tgt_in: torch.Tensor | None = None
-    tgt_out: torch.Tensor | None = None
-    n_tgt_tokens: int = 0  # non-pad positions of tgt_out: what the loss is averaged over
-
-    def to(self, device: torch.device | str) -> Batch:
-        def move(x: torch.Tensor | None) -> torch.Tensor | None:
-            return None if x is None else x.to(device, non_blocking=True)
-
-        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tgt_tokens)
-
-
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
-    for b, row in enumerate(rows):
-        out[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
-
-
-def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None) -> Batch:
-    src = _pad([ids + [EOS_ID] for ids in src_ids])  # (B, S)
-    if tgt_ids is None:
-        return Batch(src)
-    tgt_in = _pad([[BOS_ID] + ids for ids in tgt_ids])  # (B, T)
-    tgt_out = _pad([ids + [EOS_ID] for ids in tgt_ids])  # (B, T)
-    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
-
-
-# ---------------------------------------------------------------------------------------
 # The corpus report of ``seq2seq data``.
 
 
@@ -535,12 +416,12 @@ def _percentiles(lengths: list[int]) -> dict[str, int]:
 def data_report(
     corpus: Corpus,
     tokenizer: Tokenizer,
-    max_len: int | None = 100,
-    max_tokens: int = 4096,
+    max_len: int | None,
+    max_tokens: int,
     seed: int = 1,
-) -> tuple[dict, str]:
+) -> dict:
     """Pairs, subword tokens and length percentiles per split and side, dropped pairs by
-    reason, and the padding of the training batches; as a JSON-ready dict and as text."""
+    reason, and the padding of the training batches, as a JSON-ready dict."""
     dropped = {split: dict(reasons) for split, reasons in corpus.dropped.items()}
     splits = {}
     train_lengths: tuple[list[int], list[int]] = ([], [])
@@ -583,101 +464,4 @@ def data_report(
             "padding_fraction": round(sampler.padding_fraction(0), 4),
         },
     }
-    return report, format_report(report)
-
-
-def format_report(report: dict) -> str:
-    vocab = report["vocab"]
-    vocab_text = (
-        f"joint {vocab['src']}" if vocab["joint"] else f"src {vocab['src']}, tgt {vocab['tgt']}"
-    )
-    lines = [f"corpus: {report['source']}", f"subwords: {vocab_text}"]
-    lines += [f"note: {note}" for note in report["notes"]]
-    lines.append(
-        f"{'split':<11}{'pairs':>8}{'src tokens':>12}{'tgt tokens':>12}"
-        f"   src len p50/p90/p99/max   tgt len p50/p90/p99/max"
-    )
-    for split, s in report["splits"].items():
-        src_len = "/".join(str(v) for v in s["src_lengths"].values())
-        tgt_len = "/".join(str(v) for v in s["tgt_lengths"].values())
-        lines.append(
-            f"{split:<11}{s['pairs']:>8,}{s['src_tokens']:>12,}{s['tgt_tokens']:>12,}   {src_len:<26}{tgt_len}"
-        )
-    dropped = [
-        f"{split} {reason} {n:,}"
-        for split, reasons in report["dropped"].items()
-        for reason, n in reasons.items()
-    ]
-    limit = (
-        f" (limit {report['max_len']} subwords a side, training only)" if report["max_len"] else ""
-    )
-    lines.append(f"dropped: {'; '.join(dropped) or 'none'}{limit}")
-    b = report["batches"]
-    lines.append(
-        f"train batches: {b['train_batches']:,} of <= {b['max_tokens_per_side']:,} tokens per side, "
-        f"{b['mean_pairs_per_batch']} pairs on average, padding {b['padding_fraction']:.1%}"
-    )
-    return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------------
-# Command line.
-
-
-def add_data_args(parser: argparse.ArgumentParser) -> None:
-    """The corpus options shared by ``data``, ``train`` and ``evaluate``."""
-    defaults = DataConfig()
-    parser.add_argument(
-        "--data",
-        default=defaults.data,
-        help="Hub id, registry name (data/corpora.yaml), folder of {split}.{lang}[.gz] files, "
-        "TSV file or folder (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--src", default=defaults.src, help="source language code (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--tgt", default=defaults.tgt, help="target language code (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--test-split",
-        default=defaults.test_split,
-        help="the split to use as test (default: the one named test*)",
-    )
-
-
-def run_data_command(args: argparse.Namespace) -> int:
-    """``seq2seq data``: load the corpus, tokenize it, print (and optionally save) the report."""
-    defaults = DataConfig()
-
-    def option(name: str):
-        value = getattr(args, name, None)
-        return getattr(defaults, name) if value is None else value
-
-    corpus = load_corpus(
-        args.data,
-        args.src,
-        args.tgt,
-        option("test_split"),
-        option("carve_valid"),
-        option("carve_test"),
-    )
-    if getattr(args, "tokenizer", None):
-        tokenizer = Tokenizer.load(args.tokenizer)
-    else:
-        train = corpus.splits["train"]
-        with tempfile.TemporaryDirectory() as scratch:
-            tokenizer = Tokenizer.train(
-                [s for s, _ in train],
-                [t for _, t in train],
-                Path(scratch),
-                vocab_size=option("vocab_size"),
-            )
-    report, text = data_report(corpus, tokenizer, option("max_len"), option("max_tokens"))
-    print(text)
-    if getattr(args, "out", None):
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        print(f"saved {out}")
-    return 0
+    return report

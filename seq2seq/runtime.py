@@ -1,0 +1,79 @@
+"""Where training and decoding run: the device, torch's threads, and the ranks of ``torchrun``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from seq2seq.errors import Seq2SeqError
+
+
+@dataclass
+class Runtime:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
+def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
+    """The device ``device`` names, and this process's place in a ``torchrun`` job.
+
+    ``device`` is ``auto`` (CUDA, then Apple's MPS, then the CPU), ``cpu``, ``cuda``,
+    ``cuda:N`` or ``mps``; one that is not there is a one-line error. Under ``torchrun``
+    every rank takes the CUDA device of its local rank (nccl) or shares the CPU (gloo). On
+    the CPU, ``threads`` sets torch's intra-op threads (default: the cores over the local
+    ranks).
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = _resolve(device, local_rank if world > 1 else None)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    elif threads or world > 1:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    return Runtime(rank, world, dev)
+
+
+def _resolve(device: str, local_rank: int | None) -> torch.device:
+    if device == "auto":
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif _mps_available() and local_rank is None:
+            device = "mps"
+        else:
+            device = "cpu"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise Seq2SeqError(
+            f"unknown device '{device}' (use auto, cpu, cuda, cuda:N or mps)"
+        ) from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Seq2SeqError(f"device '{device}' asked for, but no CUDA device is available")
+        if resolved.index is None and local_rank is not None:
+            resolved = torch.device("cuda", local_rank)
+        if (resolved.index or 0) >= torch.cuda.device_count():
+            raise Seq2SeqError(
+                f"device '{device}' asked for, but there are {torch.cuda.device_count()} CUDA devices"
+            )
+    elif resolved.type == "mps" and not _mps_available():
+        raise Seq2SeqError(f"device '{device}' asked for, but MPS is not available here")
+    elif resolved.type not in ("cpu", "cuda", "mps"):
+        raise Seq2SeqError(f"unsupported device '{device}' (use auto, cpu, cuda, cuda:N or mps)")
+    return resolved
