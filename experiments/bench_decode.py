@@ -34,9 +34,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from seq2seq.batching import collate  # noqa: E402
 from seq2seq.checkpoint import load_run  # noqa: E402
-from seq2seq.data import collate, load_corpus  # noqa: E402
-from seq2seq.search import SearchConfig, translate_batch  # noqa: E402
+from seq2seq.config import DecodeConfig  # noqa: E402
+from seq2seq.corpora import load_corpus  # noqa: E402
+from seq2seq.search import translate_batch  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"

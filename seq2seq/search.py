@@ -2,8 +2,11 @@
 
 Both search a whole batch at once with the decoder's KV cache: the cross-attention K/V
 are computed once per source sentence (a sentence's beams share them) and the
-self-attention cache follows the beams through ``DecoderCache.reorder``. ``use_cache=False``
-recomputes the whole prefix at every step instead: the same output, slower.
+self-attention cache follows the beams through ``DecoderCache.reorder``.
+``decode.use_cache = False`` recomputes the whole prefix at every step instead: the same output, slower.
+
+Every setting comes from one ``DecodeConfig`` (``seq2seq.config``), checked by its ``check``;
+only what a caller wants back (``need_weights``, ``need_eos_trace``) is a keyword argument.
 
 Length is decided by decoding. Each hypothesis stops at EOS or at its sentence's
 ``max_len = a * S + b`` output tokens (``max_output_length``), and says which in
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from seq2seq.config import DecodeConfig
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -44,18 +48,6 @@ class Hypothesis:
     normalized_score: float | None = None
 
 
-@dataclass
-class SearchConfig:
-    beam: int = 1  # 1 = greedy search
-    nbest: int = 1  # hypotheses returned per sentence, at most beam
-    length_penalty: float = 1.0  # GNMT alpha; 0 ranks by the raw log-prob sum
-    max_len_a: float = 1.5  # max_len = a * S + b output tokens
-    max_len_b: int = 10
-    use_cache: bool = True  # False recomputes the prefix every step (teaching path)
-    ban_eos: bool = False  # EOS logit -inf: every hypothesis runs to max_len
-    need_weights: bool = False  # return cross-attention per hypothesis (slower kernel)
-
-
 def gnmt_length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT's ``((5 + length) / 6) ** alpha``; ``length`` counts output tokens incl. EOS."""
     return ((5 + length) / 6) ** alpha
@@ -73,24 +65,27 @@ def max_output_length(src_len: int, a: float, b: int, max_positions: int) -> int
 def greedy_search(
     model: Seq2Seq,
     src: Tensor,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-    ban_eos: bool = False,
+    decode: DecodeConfig | None = None,
+    *,
     need_weights: bool = False,
     need_eos_trace: bool = False,
 ) -> list[Hypothesis]:
     """The most likely next token at every step, for a whole batch; one hypothesis each.
 
-    Finished rows keep running (fed PAD) but their outputs no longer change; the loop ends
-    when every row has stopped. One host sync per step.
+    Of ``decode`` (default ``DecodeConfig()``) it reads the length rule, ``use_cache`` and
+    ``ban_eos``; ``need_weights`` returns each hypothesis' cross-attention (slower kernel),
+    ``need_eos_trace`` the probability of EOS at each step. Finished rows keep running (fed
+    PAD) but their outputs no longer change; the loop ends when every row has stopped. One
+    host sync per step.
 
     Shapes:
         src: (B, S), right-padded with PAD_ID -> B hypotheses
     """
-    _check_eval(model)
+    decode = decode or DecodeConfig()
+    use_cache = decode.use_cache
+    _check(model, decode)
     with torch.inference_mode():
-        memory, src_mask, max_lens = _encode(model, src, max_len_a, max_len_b)
+        memory, src_mask, max_lens = _encode(model, src, decode)
         b, device = src.shape[0], src.device
         steps = max(max_lens)
         limit = torch.tensor(max_lens, device=device)  # (B,)
@@ -103,12 +98,14 @@ def greedy_search(
         step_weights, eos_probs = [], []
         for n in range(1, steps + 1):
             tgt = prefix[:, n - 1 : n] if use_cache else prefix[:, :n]
-            logits, weights = model.decode(tgt, memory, src_mask, cache, need_weights)
+            logits, weights = model.decode(
+                tgt, memory, src_mask, cache=cache, need_weights=need_weights
+            )
             if need_eos_trace:
                 eos_probs.append(logits[:, -1].float().softmax(-1)[:, EOS_ID])
             if need_weights:
                 step_weights.append(_last_weights(weights))
-            best, token = _next_logprobs(logits, ban_eos).max(-1)  # (B,)
+            best, token = _next_logprobs(logits, decode.ban_eos).max(-1)  # (B,)
             prefix[:, n] = token.masked_fill(finished, PAD_ID)
             scores += best.masked_fill(finished, 0.0)
             stops = ~finished & ((token == EOS_ID) | (limit == n))
@@ -130,18 +127,10 @@ def greedy_search(
 
 
 def beam_search(
-    model: Seq2Seq,
-    src: Tensor,
-    beam: int = 5,
-    nbest: int = 1,
-    length_penalty: float = 1.0,
-    max_len_a: float = 1.5,
-    max_len_b: int = 10,
-    use_cache: bool = True,
-    ban_eos: bool = False,
-    need_weights: bool = False,
+    model: Seq2Seq, src: Tensor, decode: DecodeConfig, *, need_weights: bool = False
 ) -> list[list[Hypothesis]]:
-    """Beam search for a whole batch: ``nbest`` distinct hypotheses per sentence, best first.
+    """Beam search for a whole batch: ``decode.nbest`` distinct hypotheses per sentence, best
+    first, with ``K = decode.beam`` beams and GNMT length penalty ``decode.length_penalty``.
 
     Each step expands the K open beams of every sentence to their 2K best continuations
     (at the first step only beam 0, the others start at -inf). A continuation ending in EOS
@@ -160,12 +149,10 @@ def beam_search(
     Shapes:
         src: (B, S), right-padded with PAD_ID -> B lists of up to ``nbest`` hypotheses
     """
-    _check_eval(model)
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam}, nbest={nbest}")
-    alpha, k = length_penalty, beam
+    _check(model, decode)
+    alpha, k, use_cache = decode.length_penalty, decode.beam, decode.use_cache
     with torch.inference_mode():
-        memory, src_mask, max_lens = _encode(model, src, max_len_a, max_len_b)
+        memory, src_mask, max_lens = _encode(model, src, decode)
         b, device = src.shape[0], src.device
         limit = torch.tensor(max_lens, device=device)  # (B,)
         # Cached, a sentence's beams share its one copy of the cross-attention K/V.
@@ -185,10 +172,12 @@ def beam_search(
         tokens, parents, step_weights = [], [], []  # per step (B*K,), (B*K,), (B*K, L, H, S)
         for n in range(1, max(max_lens) + 1):
             tgt = prefix[:, -1:] if use_cache else prefix
-            logits, weights = model.decode(tgt, rows_memory, rows_mask, cache, need_weights)
+            logits, weights = model.decode(
+                tgt, rows_memory, rows_mask, cache=cache, need_weights=need_weights
+            )
             if need_weights:
                 step_weights.append(_last_weights(weights))
-            logp = _next_logprobs(logits, ban_eos).view(b, k, -1)  # (B, K, V)
+            logp = _next_logprobs(logits, decode.ban_eos).view(b, k, -1)  # (B, K, V)
             candidates = _expand(scores, logp, first_row, n)
             finished = finished.merge(_finish_at_eos(candidates, k, done, alpha), k)
             scores, parent, token = _prune(candidates, k)
@@ -204,31 +193,16 @@ def beam_search(
             if cache is not None:
                 cache.reorder(parent.flatten())
             prefix = torch.cat([prefix.index_select(0, parent.flatten()), token.view(-1, 1)], 1)
-        return _collect(finished, nbest, tokens, parents, step_weights, src_mask)
+        return _collect(finished, decode.nbest, tokens, parents, step_weights, src_mask)
 
 
-def translate_batch(model: Seq2Seq, src: Tensor, config: SearchConfig) -> list[list[Hypothesis]]:
-    """Greedy search for ``beam == 1`` (as one-element lists), beam search otherwise."""
-    c = config
-    if c.beam == 1:
-        if c.nbest != 1:
-            raise ValueError("greedy search (beam=1) returns one hypothesis: set nbest=1")
-        hyps = greedy_search(
-            model, src, c.max_len_a, c.max_len_b, c.use_cache, c.ban_eos, c.need_weights
-        )
-        return [[h] for h in hyps]
-    return beam_search(
-        model,
-        src,
-        c.beam,
-        c.nbest,
-        c.length_penalty,
-        c.max_len_a,
-        c.max_len_b,
-        c.use_cache,
-        c.ban_eos,
-        c.need_weights,
-    )
+def translate_batch(
+    model: Seq2Seq, src: Tensor, decode: DecodeConfig, *, need_weights: bool = False
+) -> list[list[Hypothesis]]:
+    """Greedy search for ``decode.beam == 1`` (as one-element lists), beam search otherwise."""
+    if decode.beam == 1:
+        return [[h] for h in greedy_search(model, src, decode, need_weights=need_weights)]
+    return beam_search(model, src, decode, need_weights=need_weights)
 
 
 def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypothesis]:
@@ -238,7 +212,7 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypo
     Shapes:
         src: (B, S); tgt: B lists of ids -> B hypotheses, attention (L, H, len + 1, S_i)
     """
-    _check_eval(model)
+    _check(model)
     if len(tgt) != src.shape[0]:
         raise ValueError(f"{len(tgt)} targets for {src.shape[0]} sources")
     with torch.inference_mode():
@@ -262,17 +236,20 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypo
         )
 
 
-def _check_eval(model: Seq2Seq) -> None:
+def _check(model: Seq2Seq, decode: DecodeConfig | None = None) -> None:
     if model.training:
         raise ValueError("Decoding needs the model in eval mode (dropout off): call model.eval()")
+    if decode is not None:
+        decode.check()
 
 
-def _encode(model: Seq2Seq, src: Tensor, a: float, b: int) -> tuple[Tensor, Tensor, list[int]]:
+def _encode(model: Seq2Seq, src: Tensor, decode: DecodeConfig) -> tuple[Tensor, Tensor, list[int]]:
     """Memory (B, S, D), source mask (B, 1, 1, S) and each sentence's max_len."""
     src_mask = padding_mask(src)
     memory = model.encode(src, src_mask)  # checks that every sentence has a real token
     src_lens = src_mask.view(src.shape[0], -1).sum(1).tolist()
-    max_lens = [max_output_length(s, a, b, model.config.max_positions) for s in src_lens]
+    a, b, limit = decode.max_len_a, decode.max_len_b, model.config.max_positions
+    max_lens = [max_output_length(s, a, b, limit) for s in src_lens]
     return memory, src_mask, max_lens
 
 

@@ -1,11 +1,13 @@
 """Translate text with a trained run: a list of sentences, or a stream of lines of any length.
 
-``Translator`` holds a run's config, tokenizer and model. ``translate`` takes sentences and
-returns, per sentence, its hypotheses as ``Translation`` objects (detokenized text plus what
-the search returned); ``translate_stream`` reads lines in chunks, translates each chunk in
-token-bounded batches sorted by length, and writes the chunk's outputs in input order
-before it reads on, so memory does not grow with the input and a crash half-way leaves
-every finished chunk on disk.
+``translate_ids`` decodes lists of subword ids in token-bounded batches sorted by length and
+returns the best hypothesis of each in input order (the trainer's validation and the
+experiments use it); ``translate_ids_nbest`` returns every hypothesis. ``Translator`` holds a
+run's config, tokenizer and model. ``translate`` takes sentences and returns, per sentence,
+its hypotheses as ``Translation`` objects (detokenized text plus what the search returned);
+``translate_stream`` reads lines in chunks, translates each chunk, and writes the chunk's
+outputs in input order before it reads on, so memory does not grow with the input and a
+crash half-way leaves every finished chunk on disk. All of them take one ``DecodeConfig``.
 
 Bad input never stops a stream. An empty line gives an empty output line and is not fed
 to the model; a line over the model's source limit (``max_positions - 1`` subwords, room
@@ -32,12 +34,13 @@ from typing import BinaryIO, TextIO
 import torch
 from torch import Tensor
 
+from seq2seq.batching import batches_of, collate
 from seq2seq.checkpoint import load_run
 from seq2seq.config import Config, DecodeConfig
-from seq2seq.data import batches_of, collate
 from seq2seq.errors import Seq2SeqError
+from seq2seq.model import Seq2Seq
 from seq2seq.precision import autocast, autocast_dtype
-from seq2seq.search import Hypothesis, SearchConfig, translate_batch
+from seq2seq.search import Hypothesis, translate_batch
 
 CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_stream
 
@@ -60,29 +63,46 @@ class Translation:
     attention: Tensor | None = None  # (L, H, Tq, src_len) when the search was asked for weights
 
 
-def search_config(decode: DecodeConfig, **overrides) -> SearchConfig:
-    """A run's ``decode`` section as a ``SearchConfig``, with the non-None ``overrides`` on top."""
-    values = {
-        "beam": decode.beam,
-        "nbest": decode.nbest,
-        "length_penalty": decode.length_penalty,
-        "max_len_a": decode.max_len_a,
-        "max_len_b": decode.max_len_b,
-    }
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    search = SearchConfig(**values)
-    check_search(search)
-    return search
+def translate_ids(
+    model: Seq2Seq,
+    src_ids: list[list[int]],
+    decode: DecodeConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    need_weights: bool = False,
+) -> list[Hypothesis]:
+    """The best hypothesis for each source, in input order (see ``translate_ids_nbest``)."""
+    found = translate_ids_nbest(
+        model, src_ids, decode, device=device, dtype=dtype, need_weights=need_weights
+    )
+    return [hyps[0] for hyps in found]
 
 
-def check_search(search: SearchConfig) -> None:
-    """One-line errors for settings the search would reject."""
-    if search.beam < 1 or not 1 <= search.nbest <= search.beam:
-        raise Seq2SeqError(
-            f"need --beam >= 1 and 1 <= --nbest <= --beam, got beam {search.beam}, nbest {search.nbest}"
-        )
-    if search.max_len_a < 0 or search.max_len_b < 1:
-        raise Seq2SeqError("need --max-len-a >= 0 and --max-len-b >= 1")
+def translate_ids_nbest(
+    model: Seq2Seq,
+    src_ids: list[list[int]],
+    decode: DecodeConfig,
+    *,
+    device: torch.device,
+    dtype: torch.dtype | None = None,
+    need_weights: bool = False,
+) -> list[list[Hypothesis]]:
+    """Up to ``decode.nbest`` hypotheses for each source, best first, in input order.
+
+    ``src_ids`` are subword ids without EOS (``collate`` appends it), none empty. They are
+    decoded in batches of at most ``decode.max_tokens`` source tokens, padding included,
+    sorted by length, under autocast to ``dtype`` (None = the model's own precision).
+    """
+    decode.check()
+    out: list[list[Hypothesis]] = [[] for _ in src_ids]
+    for index in batches_of(src_ids, None, decode.max_tokens):
+        src = collate([src_ids[i] for i in index], None).src.to(device)  # (B, S)
+        with autocast(device, dtype):
+            found = translate_batch(model, src, decode, need_weights=need_weights)
+        for i, hyps in zip(index, found, strict=True):
+            out[i] = hyps
+    return out
 
 
 def resolve_device(device: str) -> torch.device:
@@ -124,27 +144,21 @@ class Translator:
         """Source subwords the model takes, leaving room for EOS."""
         return self.model.config.max_positions - 1
 
-    def search_config(self, **overrides) -> SearchConfig:
-        return search_config(self.config.decode, **overrides)
-
     def translate(
         self,
         lines: list[str],
-        search: SearchConfig | None = None,
-        max_tokens: int | None = None,
+        decode: DecodeConfig | None = None,
+        *,
         first_line: int = 1,
+        need_weights: bool = False,
     ) -> list[list[Translation]]:
         """The hypotheses of every line, best first, in input order.
 
-        Lines are decoded in batches of at most ``max_tokens`` source tokens (padding
-        included; default: the run's ``decode.max_tokens``), sorted by length.
-        ``first_line`` is the number of ``lines[0]`` in warnings.
+        ``decode`` defaults to the run's ``decode`` section. ``first_line`` is the number of
+        ``lines[0]`` in warnings; ``need_weights`` keeps each hypothesis' cross-attention.
         """
-        search = search or self.search_config()
-        check_search(search)
-        max_tokens = max_tokens or self.config.decode.max_tokens
-        if max_tokens < 1:
-            raise Seq2SeqError(f"--batch-tokens must be positive, got {max_tokens}")
+        decode = decode or self.config.decode
+        decode.check()
         ids = self.tokenizer.encode_batch(list(lines), "src")
         results: list[list[Translation]] = [[_empty()] for _ in ids]
         todo = [i for i, x in enumerate(ids) if x]  # empty lines are not fed to the model
@@ -157,39 +171,43 @@ class Translator:
                 )
                 ids[i] = ids[i][: self.max_src_len]
                 truncated.add(i)
-        src_ids = [ids[i] for i in todo]
-        for batch_index in batches_of(src_ids, None, max_tokens):
-            src = collate([src_ids[j] for j in batch_index], None).src.to(self.device)  # (B, S)
-            with autocast(self.device, self.dtype):
-                found = translate_batch(self.model, src, search)
-            for j, hyps in zip(batch_index, found, strict=True):
-                i = todo[j]
-                results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
+        found = translate_ids_nbest(
+            self.model,
+            [ids[i] for i in todo],
+            decode,
+            device=self.device,
+            dtype=self.dtype,
+            need_weights=need_weights,
+        )
+        for i, hyps in zip(todo, found, strict=True):
+            results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
         return results
 
     def translate_stream(
         self,
         lines: Iterable[str],
         out: TextIO,
-        search: SearchConfig | None = None,
-        max_tokens: int | None = None,
+        decode: DecodeConfig | None = None,
+        *,
         chunk_lines: int = CHUNK_LINES,
         verbose: TextIO | None = None,
     ) -> int:
         """Translate ``lines`` chunk by chunk into ``out`` (flushed after every chunk);
         returns the number of lines. ``verbose``: where to describe every hypothesis."""
-        search = search or self.search_config()
+        decode = decode or self.config.decode
         n_done = 0
         chunk: list[str] = []
 
         def flush() -> None:
-            results = self.translate(chunk, search, max_tokens, first_line=n_done + 1)
-            out.write(format_translations(results, n_done, search.nbest > 1))
+            results = self.translate(
+                chunk, decode, first_line=n_done + 1, need_weights=verbose is not None
+            )
+            out.write(format_translations(results, n_done, decode.nbest > 1))
             out.flush()
             if verbose is not None:
                 for i, hyps in enumerate(results):
                     for rank, hyp in enumerate(hyps, start=1):
-                        rank_text = f" hypothesis {rank}" if search.nbest > 1 else ""
+                        rank_text = f" hypothesis {rank}" if decode.nbest > 1 else ""
                         verbose.write(describe(hyp, f"{n_done + i + 1}{rank_text}") + "\n")
                 verbose.flush()
 
@@ -292,11 +310,11 @@ def prompted(stream: BinaryIO, prompt: TextIO) -> Iterator[bytes]:
 
 def translate_files(
     translator: Translator,
-    search: SearchConfig,
+    decode: DecodeConfig,
+    *,
     texts: list[str] | None = None,
     input_path: Path | None = None,
     output_path: Path | None = None,
-    max_tokens: int | None = None,
     verbose: bool = False,
 ) -> int:
     """``seq2seq translate``: ``texts``, else the lines of ``input_path``, else standard
@@ -328,8 +346,7 @@ def translate_files(
         return translator.translate_stream(
             lines,
             out,
-            search,
-            max_tokens,
+            decode,
             chunk_lines=1 if interactive else CHUNK_LINES,
             verbose=sys.stderr if verbose else None,
         )

@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from helpers import V
 from helpers import tiny_model as tiny
 
+from seq2seq.config import DecodeConfig
+from seq2seq.errors import Seq2SeqError
 from seq2seq.search import (
-    SearchConfig,
     beam_search,
     force_decode,
     gnmt_length_penalty,
@@ -97,7 +98,7 @@ def test_max_output_length_follows_a_s_plus_b_within_the_position_limit():
 def test_greedy_output_and_stop_reasons():
     model = tiny()
     src = sources([7, 4, 2])
-    hyps = greedy_search(model, src, max_len_a=1.0, max_len_b=3)
+    hyps = greedy_search(model, src, DecodeConfig(max_len_a=1.0, max_len_b=3))
     assert len(hyps) == 3
     for hyp, s in zip(hyps, [7, 4, 2], strict=True):
         assert hyp.stop_reason in ("eos", "max_len")
@@ -112,7 +113,7 @@ def test_beam_one_equals_greedy(alpha, trained):
     for model in (tiny(), trained):
         src = sources([7, 3, 5, 6], seed=2)
         greedy = greedy_search(model, src)
-        beam = flat(beam_search(model, src, beam=1, length_penalty=alpha))
+        beam = flat(beam_search(model, src, DecodeConfig(beam=1, length_penalty=alpha)))
         assert [h.tokens for h in beam] == [h.tokens for h in greedy]
         assert [h.stop_reason for h in beam] == [h.stop_reason for h in greedy]
         torch.testing.assert_close(
@@ -124,10 +125,12 @@ def test_beam_one_equals_greedy(alpha, trained):
 def test_cached_equals_uncached(g, d_latent, trained):
     src = sources([7, 3, 5], seed=3)
     for model in (tiny(g, d_latent), trained):
-        assert_same(greedy_search(model, src), greedy_search(model, src, use_cache=False))
         assert_same(
-            flat(beam_search(model, src, beam=3, nbest=3)),
-            flat(beam_search(model, src, beam=3, nbest=3, use_cache=False)),
+            greedy_search(model, src), greedy_search(model, src, DecodeConfig(use_cache=False))
+        )
+        assert_same(
+            flat(beam_search(model, src, DecodeConfig(beam=3, nbest=3))),
+            flat(beam_search(model, src, DecodeConfig(beam=3, nbest=3, use_cache=False))),
         )
 
 
@@ -137,18 +140,18 @@ def test_batched_equals_one_at_a_time(trained):
     for model in (tiny(), trained):
         alone = [src[i : i + 1, : lengths[i]] for i in range(len(lengths))]
         assert_same(greedy_search(model, src), [greedy_search(model, s)[0] for s in alone])
-        batched = beam_search(model, src, beam=4, nbest=2)
+        batched = beam_search(model, src, DecodeConfig(beam=4, nbest=2))
         for hyps, s in zip(batched, alone, strict=True):
-            assert_same(hyps, beam_search(model, s, beam=4, nbest=2)[0])
+            assert_same(hyps, beam_search(model, s, DecodeConfig(beam=4, nbest=2))[0])
 
 
 def test_ban_eos_runs_every_hypothesis_to_its_max_len(trained):
     lengths = [7, 2, 5]
     src = sources(lengths, seed=5)
     expected = [max_output_length(s, 1.5, 10, 64) for s in lengths]
-    hyps = greedy_search(trained, src, ban_eos=True)
+    hyps = greedy_search(trained, src, DecodeConfig(ban_eos=True))
     assert [len(h.tokens) for h in hyps] == expected
-    beams = beam_search(trained, src, beam=3, nbest=3, ban_eos=True)
+    beams = beam_search(trained, src, DecodeConfig(beam=3, nbest=3, ban_eos=True))
     assert [{len(h.tokens) for h in hs} for hs in beams] == [{n} for n in expected]
     assert {h.stop_reason for h in hyps + flat(beams)} == {"max_len"}
     assert all(EOS_ID not in h.tokens for h in hyps + flat(beams))
@@ -156,10 +159,12 @@ def test_ban_eos_runs_every_hypothesis_to_its_max_len(trained):
 
 def test_decoding_up_to_the_position_limit():
     model = tiny(max_positions=12)
-    hyps = greedy_search(model, sources([5, 3]), max_len_b=100, ban_eos=True, need_weights=True)
+    hyps = greedy_search(
+        model, sources([5, 3]), DecodeConfig(max_len_b=100, ban_eos=True), need_weights=True
+    )
     assert [len(h.tokens) for h in hyps] == [11, 11]
     beams = beam_search(
-        model, sources([5, 3]), beam=2, max_len_b=100, ban_eos=True, use_cache=False
+        model, sources([5, 3]), DecodeConfig(beam=2, max_len_b=100, ban_eos=True, use_cache=False)
     )
     assert [len(hs[0].tokens) for hs in beams] == [11, 11]
 
@@ -169,7 +174,7 @@ def test_trained_model_stops_at_eos_and_copies(trained):
     src, _, _ = copy_batch(16, g)
     expected = [[t for t in row if t != PAD_ID] for row in src.tolist()]
     greedy = greedy_search(trained, src)
-    best = [hs[0] for hs in beam_search(trained, src, beam=4, nbest=4)]
+    best = [hs[0] for hs in beam_search(trained, src, DecodeConfig(beam=4, nbest=4))]
     for hyps in (greedy, best):
         assert all(h.stop_reason == "eos" for h in hyps)
         assert sum(h.tokens == e for h, e in zip(hyps, expected, strict=True)) >= 14
@@ -179,7 +184,9 @@ def test_nbest_lists_are_sorted_and_distinct(trained):
     src = sources([7, 3, 5, 6], seed=6)
     for model in (tiny(), trained):
         for alpha in (0.0, 1.0):
-            for hyps in beam_search(model, src, beam=5, nbest=5, length_penalty=alpha):
+            for hyps in beam_search(
+                model, src, DecodeConfig(beam=5, nbest=5, length_penalty=alpha)
+            ):
                 assert len(hyps) == 5
                 scores = [h.normalized_score for h in hyps]
                 assert scores == sorted(scores, reverse=True)
@@ -200,7 +207,7 @@ def test_pad_and_bos_are_never_output_even_when_the_model_prefers_them():
         model.output.weight[[PAD_ID, BOS_ID], 0] = 3.0
     src = sources([6, 3], seed=14)
     greedy = greedy_search(model, src)
-    beams = flat(beam_search(model, src, beam=3, nbest=3))
+    beams = flat(beam_search(model, src, DecodeConfig(beam=3, nbest=3)))
     assert all(h.stop_reason == "max_len" for h in greedy)
     for h in greedy + beams:
         assert PAD_ID not in h.tokens and BOS_ID not in h.tokens
@@ -213,7 +220,9 @@ def test_pad_and_bos_are_never_output_even_when_the_model_prefers_them():
 
 def test_beam_wider_than_the_vocabulary_returns_only_real_hypotheses():
     """One step, 25 beams, 20 tokens: the start beams that never came alive are dropped."""
-    beams = beam_search(tiny(), sources([4, 2]), beam=25, nbest=25, max_len_a=0.0, max_len_b=1)
+    beams = beam_search(
+        tiny(), sources([4, 2]), DecodeConfig(beam=25, nbest=25, max_len_a=0.0, max_len_b=1)
+    )
     for hyps in beams:
         assert 0 < len(hyps) <= V - 2  # every token but PAD and BOS
         assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
@@ -224,7 +233,7 @@ def test_attention_shapes_and_rows_sum_to_one(trained):
     lengths = [7, 2, 5]
     src = sources(lengths, seed=8)
     greedy = greedy_search(trained, src, need_weights=True)
-    beams = beam_search(tiny(), src, beam=3, nbest=2, need_weights=True)
+    beams = beam_search(tiny(), src, DecodeConfig(beam=3, nbest=2), need_weights=True)
     for hyps in ([[h] for h in greedy], beams):
         for nbest, s in zip(hyps, lengths, strict=True):
             for h in nbest:
@@ -251,7 +260,9 @@ def test_beam_attention_is_traced_through_the_back_pointers(use_cache, trained):
     """Each n-best hypothesis' attention is what teacher-forcing its own tokens gives."""
     src = sources([7, 2, 5, 4], seed=10)
     for model in (tiny(), trained):
-        beams = beam_search(model, src, beam=4, nbest=4, need_weights=True, use_cache=use_cache)
+        beams = beam_search(
+            model, src, DecodeConfig(beam=4, nbest=4, use_cache=use_cache), need_weights=True
+        )
         for i, hyps in enumerate(beams):
             forced = force_decode(
                 model, src[i : i + 1].expand(len(hyps), -1), [h.tokens for h in hyps]
@@ -269,8 +280,8 @@ def test_weights_leave_the_search_unchanged():
     model, src = tiny(), sources([7, 3], seed=11)
     assert_same(greedy_search(model, src), greedy_search(model, src, need_weights=True))
     assert_same(
-        flat(beam_search(model, src, beam=3, nbest=3)),
-        flat(beam_search(model, src, beam=3, nbest=3, need_weights=True)),
+        flat(beam_search(model, src, DecodeConfig(beam=3, nbest=3))),
+        flat(beam_search(model, src, DecodeConfig(beam=3, nbest=3), need_weights=True)),
     )
 
 
@@ -282,23 +293,42 @@ def test_greedy_eos_trace(trained):
         assert all(0.0 <= p <= 1.0 for p in h.step_eos_prob)
         if h.stop_reason == "eos":
             assert h.step_eos_prob[-1] > 0.5
-    banned = greedy_search(trained, src, ban_eos=True, need_eos_trace=True)
+    banned = greedy_search(trained, src, DecodeConfig(ban_eos=True), need_eos_trace=True)
     assert [len(h.step_eos_prob) for h in banned] == [len(h.tokens) for h in banned]
 
 
 def test_translate_batch_dispatches_on_beam(trained):
     src = sources([5, 3], seed=13)
-    greedy = translate_batch(trained, src, SearchConfig())
+    greedy = translate_batch(trained, src, DecodeConfig())
     assert [len(hs) for hs in greedy] == [1, 1]
     assert_same(flat(greedy), greedy_search(trained, src))
-    beams = translate_batch(trained, src, SearchConfig(beam=3, nbest=2, length_penalty=0.6))
-    assert_same(flat(beams), flat(beam_search(trained, src, beam=3, nbest=2, length_penalty=0.6)))
+    beams = translate_batch(trained, src, DecodeConfig(beam=3, nbest=2, length_penalty=0.6))
+    assert_same(
+        flat(beams),
+        flat(beam_search(trained, src, DecodeConfig(beam=3, nbest=2, length_penalty=0.6))),
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"beam": 0}, "decode.beam must be >= 1"),
+        ({"beam": 2, "nbest": 3}, "decode.nbest must be between 1 and decode.beam"),
+        ({"max_len_a": -0.5}, "decode.max_len_a must be >= 0"),
+        ({"max_len_b": 0}, "decode.max_len_b >= 1"),
+        ({"max_tokens": 0}, "decode.max_tokens must be >= 1"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(settings, message):
+    model, src = tiny(), sources([3, 2])
+    for search in (greedy_search, beam_search, translate_batch):
+        with pytest.raises(Seq2SeqError, match=message) as caught:
+            search(model, src, DecodeConfig(**settings))
+        assert "\n" not in str(caught.value)
 
 
 def test_bad_arguments_are_clear_errors():
     model, src = tiny(), sources([3, 2])
-    with pytest.raises(ValueError, match="nbest"):
-        beam_search(model, src, beam=2, nbest=3)
     with pytest.raises(ValueError, match="all padding"):
         greedy_search(model, torch.tensor([[5, 6], [PAD_ID, PAD_ID]]))
     with pytest.raises(ValueError, match="eval"):

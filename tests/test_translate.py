@@ -12,12 +12,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import tiny_run_dir
 
+from seq2seq.batching import batches_of, collate
 from seq2seq.cli import main
-from seq2seq.data import batches_of
-from seq2seq.search import SearchConfig, max_output_length
-from seq2seq.translate import Translator, format_translations
+from seq2seq.config import DecodeConfig
+from seq2seq.errors import Seq2SeqError
+from seq2seq.search import beam_search, greedy_search, max_output_length
+from seq2seq.translate import Translator, format_translations, translate_ids, translate_ids_nbest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [
@@ -46,11 +49,10 @@ def texts(results):
 
 
 def test_order_kept_under_token_batching_with_empty_lines(translator):
-    search = SearchConfig()
     ids = [x for x in translator.tokenizer.encode_batch(SENTENCES, "src") if x]
     assert len(batches_of(ids, None, 24)) >= 3  # several batches, sorted by length
-    batched = translator.translate(SENTENCES, search, max_tokens=24)
-    alone = [translator.translate([line], search)[0] for line in SENTENCES]
+    batched = translator.translate(SENTENCES, DecodeConfig(max_tokens=24))
+    alone = [translator.translate([line], DecodeConfig())[0] for line in SENTENCES]
     assert [h[0].tokens for h in batched] == [h[0].tokens for h in alone]
     assert texts(batched) == [h[0].text for h in alone]
     for line, hyps in zip(SENTENCES, batched, strict=True):
@@ -58,6 +60,34 @@ def test_order_kept_under_token_batching_with_empty_lines(translator):
             assert hyps[0].text == "" and hyps[0].stop_reason == "empty"
         else:
             assert hyps[0].stop_reason in ("eos", "max_len")
+
+
+def test_translate_ids_gives_each_sources_best_hypothesis_in_input_order(translator):
+    model, limit = translator.model, translator.max_src_len
+    ids = [x[:limit] for x in translator.tokenizer.encode_batch(SENTENCES, "src") if x]
+    cpu = torch.device("cpu")
+    assert len(batches_of(ids, None, 24)) >= 3
+    greedy = translate_ids(model, ids, DecodeConfig(max_tokens=24), device=cpu)
+    alone = [greedy_search(model, collate([x], None).src)[0] for x in ids]
+    assert [h.tokens for h in greedy] == [h.tokens for h in alone]
+    assert [h.score for h in greedy] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+    decode = DecodeConfig(beam=3, nbest=3, max_tokens=24)
+    nbest = translate_ids_nbest(model, ids, decode, device=cpu, need_weights=True)
+    best = translate_ids(model, ids, decode, device=cpu)
+    for x, hyps, hyp in zip(ids, nbest, best, strict=True):
+        assert len(hyps) == 3 and hyps[0].tokens == hyp.tokens
+        assert hyps[0].attention.shape[-1] == len(x) + 1  # source subwords and EOS
+        assert hyps[0].tokens == beam_search(model, collate([x], None).src, decode)[0][0].tokens
+
+
+def test_decode_overrides_keep_what_is_not_given():
+    run = DecodeConfig(beam=4, length_penalty=0.6, max_tokens=100)
+    decode = run.with_overrides(beam=None, nbest=2, length_penalty=None, ban_eos=True)
+    assert decode == DecodeConfig(beam=4, nbest=2, length_penalty=0.6, max_tokens=100, ban_eos=True)
+    assert run.nbest == 1
+    with pytest.raises(Seq2SeqError, match="decode.nbest must be between 1 and decode.beam"):
+        run.with_overrides(nbest=5)
 
 
 def test_stream_writes_each_chunk_before_reading_on(translator):
@@ -78,18 +108,18 @@ def test_stream_writes_each_chunk_before_reading_on(translator):
             self.read_at_flush.append(len(consumed))
 
     out = Out()
-    n = translator.translate_stream(source(), out, SearchConfig(), max_tokens=24, chunk_lines=3)
+    n = translator.translate_stream(source(), out, DecodeConfig(max_tokens=24), chunk_lines=3)
     assert n == len(lines)
     assert out.read_at_flush == [3, 6, 9, 12, 14]  # bounded memory: a chunk at a time
-    expected = format_translations(translator.translate(lines, SearchConfig()), 0, False)
+    expected = format_translations(translator.translate(lines, DecodeConfig()), 0, False)
     assert out.getvalue() == expected
     assert out.getvalue().count("\n") == len(lines)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
 def test_ban_eos_runs_every_output_to_max_len(translator, beam):
-    search = SearchConfig(beam=beam, ban_eos=True, max_len_a=0.5, max_len_b=3)
-    results = translator.translate(SENTENCES, search, max_tokens=24)
+    decode = DecodeConfig(beam=beam, ban_eos=True, max_len_a=0.5, max_len_b=3, max_tokens=24)
+    results = translator.translate(SENTENCES, decode)
     for line, hyps in zip(SENTENCES, results, strict=True):
         if not line.strip():
             continue

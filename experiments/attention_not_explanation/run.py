@@ -39,12 +39,12 @@ from torch import Tensor, nn
 
 from seq2seq import checkpoint
 from seq2seq.attention import MultiHeadAttention, attend
-from seq2seq.config import load_config
-from seq2seq.data import batches_of, collate
+from seq2seq.batching import batches_of, collate
+from seq2seq.config import DecodeConfig, load_config
 from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.plotting import plot_attention
 from seq2seq.search import Hypothesis, force_decode
-from seq2seq.train import translate_ids
+from seq2seq.translate import translate_ids
 from seq2seq.vocab import BOS_ID, EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
@@ -179,7 +179,7 @@ def replaced(model: Seq2Seq, layers: list[int], mode: str) -> Iterator[None]:
 
 
 def greedy(model: Seq2Seq, src_ids: list[list[int]]) -> list[Hypothesis]:
-    return translate_ids(model, src_ids, MAX_TOKENS, CPU, None)
+    return translate_ids(model, src_ids, DecodeConfig(max_tokens=MAX_TOKENS), device=CPU)
 
 
 def bleu(tok, hyps: list[Hypothesis], refs: list[str]) -> float:

@@ -34,11 +34,11 @@ import yaml
 from matplotlib.figure import Figure
 
 from seq2seq import checkpoint
+from seq2seq.batching import collate
 from seq2seq.config import load_config
-from seq2seq.data import collate
 from seq2seq.model import Seq2Seq, count_parameters, padding_mask
 from seq2seq.search import greedy_search
-from seq2seq.train import translate_ids
+from seq2seq.translate import translate_ids
 from seq2seq.vocab import BOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
@@ -250,7 +250,7 @@ def main() -> int:
     for name, (config, tok, model) in loaded.items():
         limit = config.model.max_positions - 1
         src_ids = [x[:limit] for x in tok.encode_batch([s for s, _ in pairs], "src")]
-        hyps = translate_ids(model, src_ids, config.decode.max_tokens, CPU, None)
+        hyps = translate_ids(model, src_ids, config.decode, device=CPU)
         bleu = sacrebleu.corpus_bleu([tok.decode(h.tokens, "tgt") for h in hyps], [refs]).score
         speed_src[name] = collate(src_ids[: args.batch], None).src
         models[name] = model
