@@ -1,7 +1,9 @@
 """Decode a split with a trained run and score it: sacreBLEU BLEU and chrF with signatures.
 
 Scores are on detokenized text against the raw references, so they are comparable with
-other systems' sacreBLEU numbers (the signature says how they were computed). Lowercased
+other systems' sacreBLEU numbers (the signature says how they were computed). BLEU's
+tokenizer follows the target language as ``sacrebleu -l`` chooses it (``bleu_tokenize``;
+training's validation BLEU uses the same choice), unless one is given. Lowercased
 BLEU is there for older papers that report it; the length ratio (hypothesis over reference
 words, sacreBLEU's ``sys_len / ref_len``) and the stop reasons say whether a bad score comes
 from translations cut short by ``max_len`` or ended early.
@@ -10,42 +12,74 @@ from translations cut short by ``max_len`` or ended early.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from seq2seq.data import load_corpus
+from seq2seq.config import DecodeConfig
+from seq2seq.corpora import load_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
-from seq2seq.search import SearchConfig
 from seq2seq.translate import Translation, Translator
+
+# Targets written without spaces between words, where 13a would see a sentence as one word:
+# sacreBLEU's choice for ``-l`` first, then characters where MeCab's optional packages are
+# missing (they need a download). sacreBLEU leaves Thai at 13a; characters serve it better.
+_LANGUAGE_TOKENIZERS = {
+    "zh": ("zh",),
+    "ja": ("ja-mecab", "char"),
+    "ko": ("ko-mecab", "char"),
+    "th": ("char",),
+}
+
+
+def bleu_tokenize(lang: str) -> str:
+    """sacreBLEU's BLEU tokenizer for targets in ``lang`` (``zh``, ``ja-JP``, ``en`` ...):
+    ``zh``; ``ja-mecab`` / ``ko-mecab`` where installed, else ``char``; ``char`` for Thai;
+    ``13a`` for everything else. The BLEU signature shows it as ``tok:NAME``."""
+    base = lang.lower().replace("_", "-").split("-")[0]
+    usable = [name for name in _LANGUAGE_TOKENIZERS.get(base, ()) if _usable(name)]
+    return usable[0] if usable else "13a"
+
+
+@functools.cache
+def _usable(tokenize: str) -> bool:
+    """Whether sacreBLEU builds this tokenizer here (some need packages or a download)."""
+    try:
+        BLEU(tokenize=tokenize)
+    except (RuntimeError, ImportError, OSError, KeyError):
+        return False
+    return True
 
 
 def evaluate_split(
     run_dir: str | Path,
     data: str | None = None,
     split: str = "test",
-    search: SearchConfig | None = None,
+    decode: DecodeConfig | None = None,
     *,
     src: str | None = None,
     tgt: str | None = None,
     test_split: str | None = None,
-    max_tokens: int | None = None,
     device: str = "cpu",
     hyp_file: str | Path | None = None,
+    tokenize: str | None = None,
 ) -> dict[str, Any]:
     """Translate ``split`` of a corpus and score it; write the hypotheses and the scores.
 
-    Corpus, languages and test split default to the run's config (``data.*``), the search
-    to its ``decode`` section. Hypotheses go to ``hyp_file`` (default
+    Corpus, languages and test split default to the run's config (``data.*``), ``decode``
+    to its ``decode`` section, BLEU's ``tokenize`` to ``bleu_tokenize(tgt)``. Pairs with an
+    empty side are not scored; the report counts them (``empty_pairs_dropped``). Hypotheses go to ``hyp_file`` (default
     ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line per pair, and the returned scores as
     JSON beside it (``.json`` in place of the suffix).
     """
     translator = Translator.from_run(run_dir, device)
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
+    tokenize = _checked_tokenize(tokenize) if tokenize else bleu_tokenize(tgt)
     corpus = load_corpus(data, src, tgt, test_split or d.test_split, d.carve_valid, d.carve_test)
     pairs = corpus.splits.get(split)
     if not pairs:
@@ -53,12 +87,12 @@ def evaluate_split(
             f"{corpus.source_description} has no pairs in split '{split}'; "
             f"splits: {', '.join(corpus.splits)}"
         )
-    search = search or translator.search_config()
-    results = translator.translate([s for s, _ in pairs], search, max_tokens)
+    decode = decode or translator.config.decode
+    results = translator.translate([s for s, _ in pairs], decode)
     hyps = [r[0].text for r in results]
     refs = [t for _, t in pairs]
 
-    scores = score(hyps, refs)
+    scores = score(hyps, refs, tokenize)
     hyp_path = Path(hyp_file) if hyp_file else Path(run_dir) / f"hyps.{split}.{tgt}.txt"
     scores_path = _scores_path(hyp_path)
     report = {
@@ -66,7 +100,8 @@ def evaluate_split(
         "data": corpus.source_description,
         "split": split,
         "sentences": len(pairs),
-        "search": dataclasses.asdict(search),
+        "empty_pairs_dropped": corpus.dropped.get(split, {}).get("empty", 0),
+        "search": dataclasses.asdict(decode),
         **scores,
         "stop_reasons": stop_reason_shares(results),
         "hyp_file": str(hyp_path),
@@ -77,13 +112,13 @@ def evaluate_split(
     return report
 
 
-def score(hyps: list[str], refs: list[str]) -> dict[str, Any]:
+def score(hyps: list[str], refs: list[str], tokenize: str = "13a") -> dict[str, Any]:
     """BLEU, chrF and lowercased BLEU with their signatures, and the length ratio."""
     out: dict[str, Any] = {}
     for name, metric in (
-        ("bleu", BLEU()),
+        ("bleu", BLEU(tokenize=tokenize)),
         ("chrf", CHRF()),
-        ("bleu_lowercase", BLEU(lowercase=True)),
+        ("bleu_lowercase", BLEU(lowercase=True, tokenize=tokenize)),
     ):
         result = metric.corpus_score(hyps, [refs])
         out[name] = round(result.score, 2)
@@ -107,9 +142,12 @@ def format_report(report: dict[str, Any]) -> str:
     s = report["search"]
     how = "greedy" if s["beam"] == 1 else f"beam {s['beam']}, length penalty {s['length_penalty']}"
     stops = ", ".join(f"{reason} {share:.1%}" for reason, share in report["stop_reasons"].items())
+    empty = report["empty_pairs_dropped"]
+    dropped = f" ({empty} empty pairs dropped)" if empty else ""
     return "\n".join(
         [
-            f"{report['data']}, split {report['split']}: {report['sentences']} sentences, {how}",
+            f"{report['data']}, split {report['split']}: {report['sentences']} sentences"
+            f"{dropped}, {how}",
             report["bleu_text"],
             f"  signature {report['bleu_signature']}",
             report["chrf_text"],
@@ -123,6 +161,19 @@ def format_report(report: dict[str, Any]) -> str:
             f"scores: {report['scores_file']}",
         ]
     )
+
+
+def _checked_tokenize(tokenize: str) -> str:
+    if tokenize not in BLEU.TOKENIZERS:
+        raise Seq2SeqError(
+            f"--tokenize {tokenize}: sacreBLEU has {', '.join(sorted(BLEU.TOKENIZERS))}"
+        )
+    if not _usable(tokenize):
+        raise Seq2SeqError(
+            f"--tokenize {tokenize} cannot run here: it needs packages or files that are "
+            "not installed (e.g. pip install 'sacrebleu[ja]' for ja-mecab)"
+        )
+    return tokenize
 
 
 def _scores_path(hyp_path: Path) -> Path:
