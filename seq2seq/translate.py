@@ -40,6 +40,7 @@ from seq2seq.config import Config, DecodeConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model import Seq2Seq
 from seq2seq.precision import autocast, autocast_dtype
+from seq2seq.runtime import setup_runtime
 from seq2seq.search import Hypothesis, translate_batch
 
 CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_stream
@@ -105,19 +106,6 @@ def translate_ids_nbest(
     return out
 
 
-def resolve_device(device: str) -> torch.device:
-    """``auto`` = CUDA when available, else CPU."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except RuntimeError:
-        raise Seq2SeqError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise Seq2SeqError(f"device '{device}' asked for, but no CUDA device is available")
-    return resolved
-
-
 def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
@@ -135,7 +123,7 @@ class Translator:
 
     @classmethod
     def from_run(cls, run_dir: str | Path, device: str = "cpu") -> Translator:
-        resolved = resolve_device(device)
+        resolved = setup_runtime(device).device
         config, tokenizer, model = load_run(run_dir, resolved)
         return cls(config, tokenizer, model, resolved)
 
