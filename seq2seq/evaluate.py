@@ -72,14 +72,17 @@ def evaluate_split(
 
     Corpus, languages and test split default to the run's config (``data.*``), ``decode``
     to its ``decode`` section, BLEU's ``tokenize`` to ``bleu_tokenize(tgt)``. Pairs with an
-    empty side are not scored; the report counts them (``empty_pairs_dropped``). Hypotheses go to ``hyp_file`` (default
-    ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line per pair, and the returned scores as
-    JSON beside it (``.json`` in place of the suffix).
+    empty side are not scored; the report counts them (``empty_pairs_dropped``).
+    Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line
+    per scored pair, and the returned scores as JSON beside it (``.json`` in place of the
+    suffix).
     """
+    if tokenize is not None:
+        _check_tokenize(tokenize)  # before the model loads
     translator = Translator.from_run(run_dir, device)
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
-    tokenize = _checked_tokenize(tokenize) if tokenize else bleu_tokenize(tgt)
+    tokenize = tokenize or bleu_tokenize(tgt)
     corpus = load_corpus(data, src, tgt, test_split or d.test_split, d.carve_valid, d.carve_test)
     pairs = corpus.splits.get(split)
     if not pairs:
@@ -163,7 +166,7 @@ def format_report(report: dict[str, Any]) -> str:
     )
 
 
-def _checked_tokenize(tokenize: str) -> str:
+def _check_tokenize(tokenize: str) -> None:
     if tokenize not in BLEU.TOKENIZERS:
         raise Seq2SeqError(
             f"--tokenize {tokenize}: sacreBLEU has {', '.join(sorted(BLEU.TOKENIZERS))}"
@@ -173,7 +176,6 @@ def _checked_tokenize(tokenize: str) -> str:
             f"--tokenize {tokenize} cannot run here: it needs packages or files that are "
             "not installed (e.g. pip install 'sacrebleu[ja]' for ja-mecab)"
         )
-    return tokenize
 
 
 def _scores_path(hyp_path: Path) -> Path:

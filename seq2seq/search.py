@@ -2,8 +2,9 @@
 
 Both search a whole batch at once with the decoder's KV cache: the cross-attention K/V
 are computed once per source sentence (a sentence's beams share them) and the
-self-attention cache follows the beams through ``DecoderCache.reorder``.
-``decode.use_cache = False`` recomputes the whole prefix at every step instead: the same output, slower.
+self-attention cache follows the beams through ``DecoderCache.reorder``. With
+``decode.use_cache = False`` they recompute the whole prefix at every step instead: the
+same output, slower. PAD and BOS are never output.
 
 Every setting comes from one ``DecodeConfig`` (``seq2seq.config``), checked by its ``check``;
 only what a caller wants back (``need_weights``, ``need_eos_trace``) is a keyword argument.
