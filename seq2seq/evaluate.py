@@ -83,7 +83,14 @@ def evaluate_split(
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
     tokenize = tokenize or bleu_tokenize(tgt)
-    corpus = load_corpus(data, src, tgt, test_split or d.test_split, d.carve_valid, d.carve_test)
+    corpus = load_corpus(
+        data,
+        src,
+        tgt,
+        test_split=test_split or d.test_split,
+        carve_valid=d.carve_valid,
+        carve_test=d.carve_test,
+    )
     pairs = corpus.splits.get(split)
     if not pairs:
         raise Seq2SeqError(

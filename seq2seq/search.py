@@ -120,7 +120,15 @@ def greedy_search(
         last = [row[n - 1] for row, n in zip(rows, ends, strict=True)]
         attention = torch.stack(step_weights, 1) if need_weights else None  # (B, T, L, H, S)
         trace = torch.stack(eos_probs, 1).tolist() if need_eos_trace else None  # (B, T)
-        hyps = _hypotheses(rows, ends, last, scores.tolist(), None, attention, src_mask)
+        hyps = _hypotheses(
+            rows,
+            steps=ends,
+            last=last,
+            scores=scores.tolist(),
+            normalized=None,
+            attention=attention,
+            src_mask=src_mask,
+        )
         if trace is not None:
             for hyp, probs, n in zip(hyps, trace, ends, strict=True):
                 hyp.step_eos_prob = probs[:n]
@@ -183,10 +191,9 @@ def beam_search(
             finished = finished.merge(_finish_at_eos(candidates, k, done, alpha), k)
             scores, parent, token = _prune(candidates, k)
             at_limit = ~done & (limit == n)
-            finished = finished.merge(
-                _finish_at_limit(scores, parent, token, at_limit, alpha, n), k
-            )
-            done = _is_done(done | at_limit, finished, scores, alpha, n, k)
+            ends = _finish_at_limit(scores, parent, token, at_limit, alpha=alpha, step=n)
+            finished = finished.merge(ends, k)
+            done = _is_done(done | at_limit, finished, scores, alpha=alpha, step=n, k=k)
             tokens.append(token.flatten())
             parents.append(parent.flatten())
             if done.all():
@@ -194,7 +201,14 @@ def beam_search(
             if cache is not None:
                 cache.reorder(parent.flatten())
             prefix = torch.cat([prefix.index_select(0, parent.flatten()), token.view(-1, 1)], 1)
-        return _collect(finished, decode.nbest, tokens, parents, step_weights, src_mask)
+        return _collect(
+            finished,
+            nbest=decode.nbest,
+            tokens=tokens,
+            parents=parents,
+            step_weights=step_weights,
+            src_mask=src_mask,
+        )
 
 
 def translate_batch(
@@ -233,7 +247,13 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypo
         ends = [len(ids) + 1 for ids in tgt]
         rows = [[*ids, EOS_ID] for ids in tgt]
         return _hypotheses(
-            rows, ends, [EOS_ID] * len(tgt), scores.tolist(), None, attention, src_mask
+            rows,
+            steps=ends,
+            last=[EOS_ID] * len(tgt),
+            scores=scores.tolist(),
+            normalized=None,
+            attention=attention,
+            src_mask=src_mask,
         )
 
 
@@ -292,7 +312,13 @@ class _Endings:
     def empty(cls, b: int, k: int, device: torch.device) -> _Endings:
         none = torch.full((b, k), float("-inf"), device=device)
         zeros = torch.zeros(b, k, dtype=torch.long, device=device)
-        return cls(none, none.clone(), zeros, zeros.clone(), zeros.clone())
+        return cls(
+            normalized=none,
+            score=none.clone(),
+            step=zeros,
+            parent=zeros.clone(),
+            token=zeros.clone(),
+        )
 
     def merge(self, other: _Endings, k: int) -> _Endings:
         """The K best of both by normalized score, best first."""
@@ -303,11 +329,11 @@ class _Endings:
             return torch.cat([a, b], 1).gather(1, index)
 
         return _Endings(
-            best,
-            pick(self.score, other.score),
-            pick(self.step, other.step),
-            pick(self.parent, other.parent),
-            pick(self.token, other.token),
+            normalized=best,
+            score=pick(self.score, other.score),
+            step=pick(self.step, other.step),
+            parent=pick(self.parent, other.parent),
+            token=pick(self.token, other.token),
         )
 
 
@@ -337,7 +363,8 @@ def _finish_at_eos(c: _Candidates, k: int, done: Tensor, alpha: float) -> _Endin
     rank = torch.arange(c.token.shape[1], device=c.token.device)
     ends = (c.token == EOS_ID) & (rank < k) & ~done[:, None]  # (B, 2K)
     normalized = (c.score / gnmt_length_penalty(c.step, alpha)).masked_fill(~ends, float("-inf"))
-    return _Endings(normalized, c.score, torch.full_like(c.token, c.step), c.parent, c.token)
+    step = torch.full_like(c.token, c.step)
+    return _Endings(normalized=normalized, score=c.score, step=step, parent=c.parent, token=c.token)
 
 
 def _prune(c: _Candidates, k: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -350,17 +377,18 @@ def _prune(c: _Candidates, k: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _finish_at_limit(
-    scores: Tensor, parent: Tensor, token: Tensor, at_limit: Tensor, alpha: float, step: int
+    scores: Tensor, parent: Tensor, token: Tensor, at_limit: Tensor, *, alpha: float, step: int
 ) -> _Endings:
     """The open beams of sentences that reached their max_len this step. Shapes: (B, K)."""
     normalized = (scores / gnmt_length_penalty(step, alpha)).masked_fill(
         ~at_limit[:, None], float("-inf")
     )
-    return _Endings(normalized, scores, torch.full_like(token, step), parent, token)
+    steps = torch.full_like(token, step)
+    return _Endings(normalized=normalized, score=scores, step=steps, parent=parent, token=token)
 
 
 def _is_done(
-    done: Tensor, finished: _Endings, scores: Tensor, alpha: float, step: int, k: int
+    done: Tensor, finished: _Endings, scores: Tensor, *, alpha: float, step: int, k: int
 ) -> Tensor:
     """Sentences with K finished hypotheses that the best open beam cannot beat. (B,)"""
     full = torch.isfinite(finished.normalized).sum(1) >= k
@@ -370,6 +398,7 @@ def _is_done(
 
 def _collect(
     finished: _Endings,
+    *,
     nbest: int,
     tokens: list[Tensor],
     parents: list[Tensor],
@@ -398,12 +427,12 @@ def _collect(
     valid = torch.isfinite(finished.normalized[:, :nbest]).flatten().tolist()
     hyps = _hypotheses(
         out.tolist(),
-        steps.tolist(),
-        last.tolist(),
-        finished.score[:, :nbest].flatten().tolist(),
-        finished.normalized[:, :nbest].flatten().tolist(),
-        attention,
-        src_mask.repeat_interleave(nbest, 0),
+        steps=steps.tolist(),
+        last=last.tolist(),
+        scores=finished.score[:, :nbest].flatten().tolist(),
+        normalized=finished.normalized[:, :nbest].flatten().tolist(),
+        attention=attention,
+        src_mask=src_mask.repeat_interleave(nbest, 0),
     )
     kept = [h if ok else None for h, ok in zip(hyps, valid, strict=True)]  # None: empty slot
     return [[h for h in kept[i * nbest : (i + 1) * nbest] if h is not None] for i in range(b)]
@@ -411,6 +440,7 @@ def _collect(
 
 def _hypotheses(
     rows: list[list[int]],
+    *,
     steps: list[int],
     last: list[int],
     scores: list[float],

@@ -224,7 +224,9 @@ class Translator:
 
 
 def _empty() -> Translation:
-    return Translation("", [], 0.0, 0.0, "empty", 0)
+    return Translation(
+        text="", tokens=[], score=0.0, normalized_score=0.0, stop_reason="empty", src_len=0
+    )
 
 
 def one_line(text: str) -> str:
