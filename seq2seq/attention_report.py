@@ -1,152 +1,326 @@
-"""``seq2seq attention``: translate one sentence and draw the decoder's cross-attention.
+"""``seq2seq attention`` and the explorer: translate sentences and record what decoding did.
 
-The maps are those of the output that was actually produced: greedy search's, or under
-beam search the chosen hypothesis' attention traced through the beam back-pointers
-(``search.Hypothesis.attention``). With a reference, the reference is teacher-forced
-instead (``search.force_decode``) and everything says "teacher-forced on the given
-reference".
+For each sentence, a *record* (a plain dict) holds the cross-attention of the output that
+was actually produced: greedy search's, or under beam search the chosen hypothesis'
+attention traced through the beam back-pointers (``search.Hypothesis.attention``), or with
+a reference the reference teacher-forced (``search.force_decode``). Beside the maps it
+holds, per decoding step, the token chosen, its probability, the five most likely tokens
+and P(EOS); the step and the reason the loop stopped (``eos`` or ``max_len``) and the
+max_len that applied; under beam search every finished hypothesis with its scores.
+
+The per-step distributions come from one teacher-forced pass over the produced output:
+the decoder is causal, so step n of that pass sees exactly the prefix the search saw when
+it chose token n. They are the model's own distributions (PAD and BOS, which the search
+never outputs, at 0); with EOS banned the search chose from them with EOS removed, and
+P(EOS) shows what the ban overrode.
 
 Rows are target subwords (queries, the EOS step included when the output stopped at EOS),
-columns source subwords (keys, EOS included). Layers and heads are numbered from 1, as in
-``seq2seq.plotting``. The figure formats (PNG, SVG) draw the maps chosen by ``layer`` and
-``head``; HTML and JSON always hold every layer and head.
+columns source subwords (keys, EOS included); with ``words`` both are merged into words
+(``seq2seq.words``). Layers and heads are numbered from 1.
 
 Letters: ``L`` decoder layers, ``H`` heads, ``Tq`` target positions, ``Tk`` source
-positions.
+positions, ``V`` target vocabulary.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from seq2seq import plotting
-from seq2seq.data import collate
+import numpy as np
+import torch
+
+from seq2seq import explorer, plotting, words
+from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
+from seq2seq.fileio import atomic_write_text
+from seq2seq.model import padding_mask
 from seq2seq.precision import autocast
-from seq2seq.search import force_decode, translate_batch
-from seq2seq.translate import Translator, one_line, warn
-from seq2seq.vocab import EOS_ID
+from seq2seq.search import Hypothesis, force_decode, max_output_length, translate_batch
+from seq2seq.translate import Translator, one_line, read_lines
+from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 FORMATS = ("png", "svg", "html", "json")
 TEACHER_FORCED = "teacher-forced on the given reference"
+TOP_K = 5  # alternatives shown per decoding step
 _TITLE_MAX_CHARS = 60  # per quoted sentence in a figure title
 
 
 def attention_report(
     run: str | Path | Translator,
-    sentence: str,
+    sentences: str | list[str],
+    *,
+    references: str | list[str] | None = None,
     layer: int | str = "all",
     head: int | str = "mean",
     beam: int | None = None,
+    max_len: int | None = None,
+    ban_eos: bool = False,
+    words: bool = False,
     fmt: str | None = None,
     out: str | Path | None = None,
-    reference: str | None = None,
     device: str = "auto",
 ) -> dict:
-    """Translate ``sentence`` (or teacher-force ``reference``) and write its attention.
+    """Translate ``sentences`` (or teacher-force ``references``) and write their attention.
 
     ``layer`` is a layer number (from 1) or "all"; ``head`` a head number (from 1),
-    "mean" or "all" (every head plus the mean, as a grid). ``beam``: None = the run's
-    ``decode.beam``, 1 = greedy; ignored with ``reference``. The format comes from ``fmt``,
-    else ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` in the
-    current directory. Bad input raises ``Seq2SeqError`` with a one-line message.
+    "mean" or "all" (every head plus the mean, as a grid); both choose what PNG and SVG
+    draw, while HTML and JSON hold every layer and head. ``beam``: None = the run's
+    ``decode.beam``, 1 = greedy. ``max_len`` replaces the run's ``a * S + b`` rule;
+    ``ban_eos`` makes every output run to max_len. The format comes from ``fmt``, else
+    ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` here. PNG and
+    SVG take one sentence; HTML writes one page with a sentence picker, JSON one record
+    per line. Bad input raises ``Seq2SeqError`` with a one-line message, before any file
+    is written.
 
-    Returns a dict: path, format, source, translation, stop_reason, decoding,
-    teacher_forced, src_tokens, tgt_tokens, shape [L, H, Tq, Tk], and maps: for each map
-    drawn, its layer, head, row_entropy (bits), eos_mass and punct_mass (Tq floats each).
+    Returns a dict: path, format, title, and records (see ``sentence_records``).
     """
     fmt, path = _output(fmt, out)
-    if not sentence.strip():
-        raise Seq2SeqError("the sentence is empty")
-    if reference is not None and not reference.strip():
-        raise Seq2SeqError("--reference is empty")
+    sentences = [sentences] if isinstance(sentences, str) else list(sentences)
+    if isinstance(references, str):
+        references = [references]
+    if fmt in ("png", "svg") and len(sentences) != 1:
+        raise Seq2SeqError(f"{fmt.upper()} draws one sentence; write several to .html or .json")
     translator = run if isinstance(run, Translator) else Translator.from_run(run, device)
-    tok = translator.tokenizer
+    model_config = translator.model.config
+    layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
+    records = sentence_records(
+        translator, sentences, references, beam=beam, max_len=max_len, ban_eos=ban_eos, words=words
+    )
+    title = page_title(records)
+    if fmt in ("png", "svg"):
+        r = records[0]
+        plotting.plot_attention(
+            r["weights"],
+            r["src_tokens"],
+            r["tgt_tokens"],
+            path,
+            layers=layers,
+            heads=heads,
+            title=title,
+            fmt=fmt,
+            note=r["word_level"] or "",
+        )
+    elif fmt == "html":
+        explorer.write_report(records, path, title=title)
+    else:
+        lines = [json.dumps(json_record(r), ensure_ascii=False) + "\n" for r in records]
+        atomic_write_text(path, "".join(lines))
+    return {"path": path, "format": fmt, "title": title, "records": records}
 
+
+def sentence_records(
+    translator: Translator,
+    sentences: list[str],
+    references: list[str] | None = None,
+    *,
+    beam: int | None = None,
+    max_len: int | None = None,
+    ban_eos: bool = False,
+    words: bool = False,
+) -> list[dict]:
+    """One record per sentence: what decoding produced, step by step, and its attention.
+
+    Keys: source, reference, translation, decoding, teacher_forced, beam, ban_eos,
+    max_len (None when teacher-forced), stop_reason ("eos" | "max_len"), stop_step,
+    notes, src_tokens, tgt_tokens, shape [L, H, Tq, Tk], weights (L, H, Tq, Tk) array,
+    steps (per step: step, token, prob, top [{token, prob}], p_eos), hypotheses
+    ({translation, length, score, normalized_score, stop_reason, chosen}, best first),
+    word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
+    caption.
+    """
+    if not sentences:
+        raise Seq2SeqError("no sentences given")
+    for n, s in enumerate(sentences, start=1):
+        if not s.strip():
+            raise Seq2SeqError(
+                "the sentence is empty" if len(sentences) == 1 else f"sentence {n} is empty"
+            )
+    if references is not None:
+        if len(references) != len(sentences):
+            raise Seq2SeqError(f"{len(references)} references for {len(sentences)} sentences")
+        if any(not r.strip() for r in references):
+            raise Seq2SeqError(
+                "--reference is empty" if len(references) == 1 else "a reference is empty"
+            )
+    if max_len is not None and max_len < 1:
+        raise Seq2SeqError(f"--max-len must be at least 1, got {max_len}")
+    k = beam if beam is not None else translator.config.decode.beam
+    overrides = {"max_len_a": 0.0, "max_len_b": max_len} if max_len is not None else {}
+    # nbest = beam: every finished hypothesis, which leaves the chosen one as it is
+    decode = translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
+    refs = references or [None] * len(sentences)
+    records = [_record(translator, s, r, decode) for s, r in zip(sentences, refs, strict=True)]
+    return [_to_words(r) for r in records] if words else records
+
+
+def _record(
+    translator: Translator, sentence: str, reference: str | None, decode: DecodeConfig
+) -> dict:
+    tok, model = translator.tokenizer, translator.model
+    notes = []
     src_ids = tok.encode(sentence, "src")
     if len(src_ids) > translator.max_src_len:
-        warn(
+        notes.append(
             f"{len(src_ids)} source subwords, cut to the model's limit of {translator.max_src_len}"
         )
         src_ids = src_ids[: translator.max_src_len]
-    src = collate([src_ids], None).src.to(translator.device)  # (1, S), EOS appended
+    src = torch.tensor([src_ids + [EOS_ID]], device=translator.device)  # (1, S)
+    with autocast(translator.device, translator.dtype):
+        if reference is None:
+            hyps = translate_batch(model, src, decode, need_weights=True)[0]
+        else:
+            ref_ids = tok.encode(reference, "tgt")
+            if len(ref_ids) + 1 > model.config.max_positions:
+                raise Seq2SeqError(
+                    f"the reference has {len(ref_ids)} subwords; the model takes at most "
+                    f"{model.config.max_positions - 1}"
+                )
+            hyps = force_decode(model, src, [ref_ids])
+        chosen = hyps[0]
+        tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
+        probs = _step_probs(model, src, tgt_ids)  # (Tq, V)
+
+    weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
+    max_positions = model.config.max_positions
+    max_len = max_output_length(src.shape[1], decode.max_len_a, decode.max_len_b, max_positions)
     if reference is None:
-        search = translator.search_config(beam=beam, nbest=1, need_weights=True)
-        with autocast(translator.device, translator.dtype):
-            hyp = translate_batch(translator.model, src, search)[0][0]
         decoding = (
             "greedy search"
-            if search.beam == 1
-            else f"beam search (beam {search.beam}), the chosen hypothesis"
+            if decode.beam == 1
+            else f"beam search (beam {decode.beam}), the chosen hypothesis"
         )
     else:
-        ref_ids = tok.encode(reference, "tgt")
-        if len(ref_ids) + 1 > translator.model.config.max_positions:
-            raise Seq2SeqError(
-                f"--reference has {len(ref_ids)} subwords; the model takes at most "
-                f"{translator.model.config.max_positions - 1}"
-            )
-        with autocast(translator.device, translator.dtype):
-            hyp = force_decode(translator.model, src, [ref_ids])[0]
         decoding = TEACHER_FORCED
-
-    weights = hyp.attention.float().numpy()  # (L, H, Tq, Tk)
-    src_tokens = tok.pieces(src_ids + [EOS_ID], "src")
-    tgt_ids = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
-    tgt_tokens = tok.pieces(tgt_ids, "tgt")
-    layers, heads = _selection(layer, head, weights.shape[:2])
-    translation = one_line(tok.decode(hyp.tokens, "tgt"))
-    title = f"{_quote(sentence)} \u2192 {_quote(translation)} ({decoding})"
-
-    if fmt in ("png", "svg"):
-        plotting.plot_attention(
-            weights, src_tokens, tgt_tokens, path, layers=layers, heads=heads, title=title, fmt=fmt
-        )
-    elif fmt == "html":
-        plotting.write_attention_html(
-            weights, src_tokens, tgt_tokens, path, translation=translation,
-            stop_reason=hyp.stop_reason, title=title,
-        )  # fmt: skip
-    else:
-        metadata = {
-            "source": sentence,
-            "decoding": decoding,
-            "teacher_forced": reference is not None,
-            "reference": reference,
-            "layers_and_heads_numbered_from": 1,
-        }
-        plotting.write_attention_json(
-            weights, src_tokens, tgt_tokens, path, translation=translation,
-            stop_reason=hyp.stop_reason, extra=metadata,
-        )  # fmt: skip
-
-    maps = []
-    for row in plotting.select_maps(weights, layers, heads):
-        for layer_number, head_label, attn in row:
-            stats = plotting.attention_stats(attn, src_tokens)
-            maps.append({"layer": layer_number, "head": head_label, **stats})
     return {
-        "path": path,
-        "format": fmt,
         "source": sentence,
-        "translation": translation,
-        "stop_reason": hyp.stop_reason,
+        "reference": reference,
+        "translation": one_line(tok.decode(chosen.tokens, "tgt")),
         "decoding": decoding,
         "teacher_forced": reference is not None,
-        "src_tokens": src_tokens,
-        "tgt_tokens": tgt_tokens,
+        "beam": decode.beam,
+        "ban_eos": decode.ban_eos and reference is None,
+        "max_len": None if reference is not None else max_len,
+        "stop_reason": chosen.stop_reason,
+        "stop_step": len(tgt_ids),
+        "notes": notes,
+        "src_tokens": tok.pieces(src_ids + [EOS_ID], "src"),
+        "tgt_tokens": tok.pieces(tgt_ids, "tgt"),
         "shape": list(weights.shape),
-        "maps": maps,
+        "weights": weights,
+        "steps": _steps(tok, probs, tgt_ids),
+        "hypotheses": [_hypothesis(tok, h, i == 0) for i, h in enumerate(hyps)],
+        "word_level": None,
+        "step_rows": None,
+        "step_weights": None,
+        "caption": plotting.CAPTION,
     }
 
 
-def format_table(report: dict) -> str:
-    """The per-row numbers of every map in ``report``: entropy (bits), EOS and
-    punctuation mass, one block per map, one line per target position."""
-    tokens = report["tgt_tokens"]
+def _step_probs(model, src: torch.Tensor, tgt_ids: list[int]) -> torch.Tensor:
+    """The next-token distribution at every step of the given output, teacher-forced.
+
+    Shapes:
+        src: (1, S); tgt_ids: Tq ids -> (Tq, V)
+    """
+    with torch.inference_mode():
+        src_mask = padding_mask(src)
+        memory = model.encode(src, src_mask)
+        inputs = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=src.device)  # (1, Tq)
+        logits, _ = model.decode(inputs, memory, src_mask)
+        probs = logits[0].float().softmax(-1).cpu()  # (Tq, V)
+        probs[:, [PAD_ID, BOS_ID]] = 0.0  # never output: the search sets them to -inf too
+        return probs
+
+
+def _steps(tok, probs: torch.Tensor, tgt_ids: list[int]) -> list[dict]:
+    top_p, top_ids = probs.topk(min(TOP_K, probs.shape[-1]), dim=-1)  # (Tq, K)
+    steps = []
+    for n, token_id in enumerate(tgt_ids):
+        top = zip(tok.pieces(top_ids[n].tolist(), "tgt"), top_p[n].tolist(), strict=True)
+        steps.append(
+            {
+                "step": n + 1,
+                "token": tok.pieces([token_id], "tgt")[0],
+                "prob": round(float(probs[n, token_id]), 6),
+                "top": [{"token": t, "prob": round(p, 6)} for t, p in top],
+                "p_eos": round(float(probs[n, EOS_ID]), 6),
+            }
+        )
+    return steps
+
+
+def _hypothesis(tok, hyp: Hypothesis, chosen: bool) -> dict:
+    return {
+        "translation": one_line(tok.decode(hyp.tokens, "tgt")),
+        "length": len(hyp.tokens),
+        "score": round(hyp.score, 6),
+        "normalized_score": round(hyp.normalized_score, 6),
+        "stop_reason": hyp.stop_reason,
+        "chosen": chosen,
+    }
+
+
+def _to_words(record: dict) -> dict:
+    """The record with word-level maps (``seq2seq.words``). Decoding steps stay subwords:
+    ``step_rows[n]`` is the word row step n belongs to, ``step_weights`` (L, H, Tq, Wk) the
+    rows each step used with the source merged into words."""
+    src, tgt, w = record["src_tokens"], record["tgt_tokens"], record["weights"]
+    merged = words.merge_words(w, src, tgt)  # (L, H, Wq, Wk)
+    return {
+        **record,
+        "src_tokens": words.words_of(src),
+        "tgt_tokens": words.words_of(tgt),
+        "shape": list(merged.shape),
+        "weights": merged,
+        "word_level": words.WORDS_NOTE,
+        "step_rows": words.word_index(tgt),
+        "step_weights": words.merge_source(w, src),
+    }
+
+
+def json_record(record: dict) -> dict:
+    """The record with its arrays as nested lists, weights rounded to 6 digits."""
+    out = dict(record)
+    for key in ("weights", "step_weights"):
+        if out[key] is not None:
+            out[key] = np.round(out[key], 6).tolist()
+    return out
+
+
+def read_sentences(path: Path, what: str = "-i") -> list[str]:
+    """The lines of a UTF-8 file (invalid bytes become U+FFFD with a warning)."""
+    try:
+        with open(path, "rb") as f:
+            lines = list(read_lines(f))
+    except OSError as e:
+        raise Seq2SeqError(f"{what} {path}: {e.strerror or e}") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise Seq2SeqError(f"{what} {path}: line {n} is empty")
+    if not lines:
+        raise Seq2SeqError(f"{what} {path}: the file is empty")
+    return lines
+
+
+def selected_maps(record: dict, layer: int | str = "all", head: int | str = "mean") -> list[dict]:
+    """Layer, head and per-row numbers of each map ``layer`` and ``head`` select."""
+    layers, heads = _selection(layer, head, record["shape"][:2])
+    maps = []
+    for row in plotting.select_maps(record["weights"], layers, heads):
+        for layer_number, head_label, attn in row:
+            stats = plotting.attention_stats(attn, record["src_tokens"])
+            maps.append({"layer": layer_number, "head": head_label, **stats})
+    return maps
+
+
+def format_table(record: dict, maps: list[dict]) -> str:
+    """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
+    block per map, one line per target position."""
+    tokens = record["tgt_tokens"]
     width = max(6, *(len(t) for t in tokens))
     lines = []
-    for m in report["maps"]:
+    for m in maps:
         lines.append(f"layer {m['layer']}, head {m['head']}")
         lines.append(f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}")
         rows = zip(m["row_entropy"], m["eos_mass"], m["punct_mass"], strict=True)
@@ -159,6 +333,13 @@ def format_table(report: dict) -> str:
             f"  {'':>3}  {'mean':<{width}}  {mean[0]:5.2f}  {mean[1]:5.2f}  {mean[2]:5.2f}"
         )
     return "\n".join(lines)
+
+
+def page_title(records: list[dict]) -> str:
+    r = records[0]
+    if len(records) > 1:
+        return f"Cross-attention of {len(records)} sentences ({r['decoding']})"
+    return f"{_quote(r['source'])} \u2192 {_quote(r['translation'])} ({r['decoding']})"
 
 
 def _output(fmt: str | None, out: str | Path | None) -> tuple[str, Path]:

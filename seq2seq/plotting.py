@@ -1,4 +1,4 @@
-"""Cross-attention heatmaps (PNG, SVG), an interactive HTML page, and a JSON dump.
+"""Cross-attention heatmaps (PNG, SVG) and a JSON dump; the HTML explorer is ``explorer.py``.
 
 No model imports: every function takes numpy arrays and token lists, so the trainer, the
 ``seq2seq attention`` command and tests all call the same code.
@@ -10,7 +10,7 @@ Shapes (letters used below):
     ``weights`` is always (L, H, Tq, Tk); each row over Tk sums to 1.
 
 Layers and heads are numbered from 1 everywhere a person sees or passes them (titles,
-``layers=``, ``heads=``, the HTML selector and its ``#layer=2&head=3`` URL hash).
+``layers=``, ``heads=``).
 
 Figures are drawn on a bare ``matplotlib.figure.Figure`` with the Agg canvas, never through
 pyplot, so plotting needs no display and leaves matplotlib's global state alone.
@@ -19,7 +19,6 @@ pyplot, so plotting needs no display and leaves matplotlib's global state alone.
 from __future__ import annotations
 
 import functools
-import html
 import json
 import math
 import textwrap
@@ -64,6 +63,7 @@ _BOTTOM_IN = 1.0  # rotated source tick labels + axis label, under the grid
 _SUPTITLE_IN = 0.5
 _SCALE_IN = 0.5  # the one colour bar every map shares, its ticks and label
 _CAPTION_IN = 0.75
+_NOTE_IN = 0.5  # room for a note under the caption (e.g. how words were merged)
 _TICK_PT = 7
 _LABEL_PITCH_IN = 0.13  # closest two tick labels may sit at _TICK_PT
 _LABEL_MAX_CHARS = 10
@@ -145,7 +145,7 @@ def _numbers(entropy: float, eos: float, punct: float) -> str:
     return f"{entropy:4.2f} {eos:4.2f} {punct:4.2f}"  # entropy < 10 bits: Tk <= 512
 
 
-def _stats_line(stats: dict) -> str:
+def stats_line(stats: dict) -> str:
     return (
         f"mean entropy {stats['mean_entropy']:.2f} {stats['entropy_unit']} \u00b7 "
         f"mass on EOS {stats['mean_eos_mass']:.2f}, punct {stats['mean_punct_mass']:.2f}"
@@ -169,7 +169,9 @@ def _map_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]
     return _quarter(width), _quarter(height)
 
 
-def figure_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]:
+def figure_size(
+    n_rows: int, n_cols: int, tq: int, tk: int, note: bool = False
+) -> tuple[float, float]:
     """Figure (width, height) in inches for a grid of n_rows × n_cols heatmaps of Tq × Tk.
 
     Each map gets a quarter inch per token, between 1.5 and 9 inches a side, shrunk so
@@ -181,12 +183,15 @@ def figure_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, floa
     Sizes are multiples of 1/4 inch, so ``width * dpi`` is exact: the PNG written by
     ``plot_attention`` is ``floor(width * dpi)`` × ``floor(height * dpi)`` pixels (no tight
     bounding box), which is ``round(...)`` for any dpi divisible by 4 (72, 100, 200, 300).
+    A ``note`` under the caption adds half an inch.
     """
     map_w, map_h = _map_size(n_rows, n_cols, tq, tk)
     width = _LEFT_IN + n_cols * (map_w + _SIDE_IN)
     height = (
         _SUPTITLE_IN + _SCALE_IN + n_rows * (_PANEL_TITLE_IN + map_h) + _BOTTOM_IN + _CAPTION_IN
     )
+    if note:
+        height += _NOTE_IN
     return width, height
 
 
@@ -361,6 +366,7 @@ def plot_attention(
     title: str = "",
     dpi: int = 100,
     fmt: str | None = None,
+    note: str = "",
 ) -> Path:
     """Draw cross-attention heatmaps to a PNG or SVG file and return its path.
 
@@ -370,6 +376,7 @@ def plot_attention(
     Every panel uses the same 0-1 colour scale, shown once by the colour bar at the top.
     Beside each map: the entropy (bits), EOS mass and punctuation mass of each labelled
     row. The format comes from ``fmt`` or the path's suffix. Size: see ``figure_size``.
+    ``note`` (e.g. how subwords were merged into words) follows the caption.
 
     Shapes:
         weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
@@ -384,7 +391,7 @@ def plot_attention(
     n_rows, n_cols = len(panels), len(panels[0])
     fonts = font_families([*src_tokens, *tgt_tokens, title])
 
-    fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk), dpi=dpi)
+    fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk, bool(note)), dpi=dpi)
     FigureCanvasAgg(fig)
     canvas = _canvas(fig)
     map_in = _map_size(n_rows, n_cols, tq, tk)
@@ -413,8 +420,9 @@ def plot_attention(
     canvas.text(_LEFT_IN + bar_w / 2, _SUPTITLE_IN + 0.3, _SCALE_LABEL, ha="center", va="top",
                 fontsize=6, color="0.25")  # fmt: skip
     # ~0.5 em per character at 8 pt decides where the caption wraps.
-    caption = textwrap.fill(CAPTION, width=max(40, int(fig_w * 72 / 4.4)))
-    canvas.text(fig_w / 2, fig_h - _CAPTION_IN / 2, caption, ha="center", va="center",
+    caption = textwrap.fill(f"{CAPTION} {note}".strip(), width=max(40, int(fig_w * 72 / 4.4)))
+    caption_in = _CAPTION_IN + (_NOTE_IN if note else 0.0)
+    canvas.text(fig_w / 2, fig_h - caption_in / 2, caption, ha="center", va="center",
                 fontsize=8, color="0.25")  # fmt: skip
 
     with atomic_path(path) as tmp:
@@ -458,250 +466,3 @@ def write_attention_json(
         "metadata": dict(extra or {}),
     }
     return atomic_write_text(Path(path), json.dumps(record, ensure_ascii=False) + "\n")
-
-
-# --- HTML --------------------------------------------------------------------------------
-
-
-def _html_data(
-    w: np.ndarray, src_tokens: Sequence[str], tgt_tokens: Sequence[str]
-) -> list[list[dict]]:
-    """For each layer, one map per head then the head mean: weights, title and stats."""
-    n_layers, n_heads, tq, tk = w.shape
-    layers = []
-    for layer in range(n_layers):
-        heads = [(str(h + 1), w[layer, h]) for h in range(n_heads)]
-        heads.append(("mean", w[layer].mean(axis=0)))
-        maps = []
-        for head, attn in heads:
-            stats = attention_stats(attn, src_tokens)
-            maps.append(
-                {
-                    "title": _panel_title(layer + 1, head, tq, tk),
-                    "summary": _stats_line(stats),
-                    "weights": np.round(attn, 4).tolist(),
-                    "vmax": float(attn.max()),
-                    "entropy": np.round(stats["row_entropy"], 3).tolist(),
-                    "eos": np.round(stats["eos_mass"], 3).tolist(),
-                    "punct": np.round(stats["punct_mass"], 3).tolist(),
-                }
-            )
-        layers.append(maps)
-    return layers
-
-
-def write_attention_html(
-    weights: np.ndarray,
-    src_tokens: Sequence[str],
-    tgt_tokens: Sequence[str],
-    path: str | Path,
-    *,
-    translation: str = "",
-    stop_reason: str = "",
-    title: str = "",
-) -> Path:
-    """Write one self-contained HTML page (no network) to browse every layer and head.
-
-    A layer and a head selector (heads include "mean") pick the map; hovering a cell shows
-    its source token, target token and weight. The URL hash ``#layer=2&head=3`` (or
-    ``head=mean``) opens a given map through the same code path as the selectors. Once
-    drawn, ``<body data-status>`` is "ok", or "error: ..." if a script failed.
-
-    Shapes:
-        weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
-    """
-    w = _check_weights(weights, src_tokens, tgt_tokens)
-    data = {
-        "src": list(src_tokens),
-        "tgt": list(tgt_tokens),
-        "n_heads": w.shape[1],
-        "layers": _html_data(w, src_tokens, tgt_tokens),
-    }
-    # "<" only occurs inside JSON strings, where \u003c means the same; this keeps a token
-    # such as "</script>" from closing the script element.
-    data_json = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
-    page_title = title or "Cross-attention"
-    page = (
-        _HTML_TEMPLATE.replace("%TITLE%", html.escape(page_title))
-        .replace("%TRANSLATION%", html.escape(translation))
-        .replace("%STOP_REASON%", html.escape(stop_reason))
-        .replace("%CAPTION%", html.escape(CAPTION))
-        .replace("%DATA%", data_json)
-    )
-    return atomic_write_text(Path(path), page)
-
-
-_HTML_TEMPLATE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>%TITLE%</title>
-<style>
-body { font-family: "DejaVu Sans", "Noto Sans", "Noto Sans CJK SC", sans-serif;
-       margin: 1.5em; color: #222; }
-.caption { font-style: italic; color: #555; max-width: 60em; }
-.controls { margin: 0.8em 0; }
-.controls label { margin-right: 1em; }
-#map-summary { color: #444; font-size: 0.9em; margin: 0.3em 0 0.8em; }
-.scroll { overflow: auto; max-height: 80vh; border: 1px solid #ddd; display: inline-block; }
-table.attn { border-collapse: collapse; font-size: 11px; }
-table.attn td.w { width: 14px; min-width: 14px; height: 14px; padding: 0; }
-table.attn td.w:hover { outline: 2px solid #e33; }
-table.attn th { font-weight: normal; white-space: nowrap; padding: 0 4px; }
-table.attn thead th.src { writing-mode: vertical-rl; transform: rotate(180deg);
-                          text-align: left; padding: 4px 0; }
-table.attn th.tgt { text-align: right; }
-table.attn td.num { padding: 0 6px; text-align: right; font-variant-numeric: tabular-nums;
-                    color: #333; }
-table.attn td.sep { width: 10px; }
-#tooltip { position: fixed; pointer-events: none; background: #fff; border: 1px solid #999;
-           padding: 3px 6px; font-size: 12px; display: none; box-shadow: 1px 1px 3px #aaa; }
-.legend { display: inline-flex; align-items: center; gap: 0.5em; font-size: 0.85em; }
-.legend span.bar { width: 160px; height: 12px; display: inline-block; }
-#note { color: #a00; }
-</style>
-</head>
-<body data-status="loading">
-<h1>%TITLE%</h1>
-<p>Translation: <b id="translation">%TRANSLATION%</b> &middot;
-   stop reason: <span id="stop-reason">%STOP_REASON%</span></p>
-<p class="caption">%CAPTION%</p>
-<noscript>This page draws its heatmap with JavaScript; please enable it.</noscript>
-<div class="controls">
-  <label>Layer <select id="layer-select"></select></label>
-  <label>Head <select id="head-select"></select></label>
-  <span class="legend">0 <span class="bar" id="legend-bar"></span>
-    <span id="legend-max"></span></span>
-</div>
-<p id="note"></p>
-<h2 id="map-title"></h2>
-<p id="map-summary"></p>
-<div class="scroll"><table class="attn" id="attn-table"></table></div>
-<div id="tooltip"></div>
-<script type="application/json" id="attention-data">%DATA%</script>
-<script>
-"use strict";
-window.onerror = function (message) {
-  document.body.setAttribute("data-status", "error: " + message);
-};
-(function () {
-  const DATA = JSON.parse(document.getElementById("attention-data").textContent);
-  const nLayers = DATA.layers.length;
-  const nHeads = DATA.n_heads;
-  const layerSelect = document.getElementById("layer-select");
-  const headSelect = document.getElementById("head-select");
-  const table = document.getElementById("attn-table");
-  const tooltip = document.getElementById("tooltip");
-  // viridis at 0, 1/4, 1/2, 3/4, 1
-  const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
-
-  function colour(t) {
-    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1);
-    const i = Math.min(Math.floor(x), STOPS.length - 2);
-    const f = x - i;
-    const c = STOPS[i].map((v, k) => Math.round(v + f * (STOPS[i + 1][k] - v)));
-    return "rgb(" + c.join(",") + ")";
-  }
-
-  function option(select, value, text) {
-    const o = document.createElement("option");
-    o.value = value;
-    o.textContent = text;
-    select.appendChild(o);
-  }
-  for (let l = 1; l <= nLayers; l++) option(layerSelect, String(l), String(l));
-  for (let h = 1; h <= nHeads; h++) option(headSelect, String(h), String(h));
-  option(headSelect, "mean", "mean");
-  document.getElementById("legend-bar").style.background =
-    "linear-gradient(to right," + STOPS.map((c) => "rgb(" + c.join(",") + ")").join(",") + ")";
-
-  function cell(tag, text, cls) {
-    const e = document.createElement(tag);
-    if (text !== undefined) e.textContent = text;
-    if (cls) e.className = cls;
-    return e;
-  }
-
-  function draw(map) {
-    document.getElementById("map-title").textContent = map.title;
-    document.getElementById("map-summary").textContent = map.summary;
-    document.getElementById("legend-max").textContent = map.vmax.toFixed(3);
-    table.textContent = "";
-    const head = document.createElement("thead");
-    const top = document.createElement("tr");
-    top.appendChild(cell("th", "target \\u2193 / source \\u2192"));
-    DATA.src.forEach((t) => top.appendChild(cell("th", t, "src")));
-    top.appendChild(cell("td", "", "sep"));
-    ["entropy (bits)", "EOS mass", "punct mass"].forEach((t) => top.appendChild(cell("th", t)));
-    head.appendChild(top);
-    table.appendChild(head);
-    const body = document.createElement("tbody");
-    const scale = map.vmax > 0 ? map.vmax : 1;
-    map.weights.forEach((row, i) => {
-      const tr = document.createElement("tr");
-      tr.appendChild(cell("th", DATA.tgt[i], "tgt"));
-      row.forEach((v, j) => {
-        const td = cell("td", undefined, "w");
-        td.style.background = colour(v / scale);
-        td.dataset.i = i;
-        td.dataset.j = j;
-        td.dataset.w = v;
-        tr.appendChild(td);
-      });
-      tr.appendChild(cell("td", "", "sep"));
-      [map.entropy[i].toFixed(2), map.eos[i].toFixed(2), map.punct[i].toFixed(2)].forEach(
-        (t) => tr.appendChild(cell("td", t, "num")));
-      body.appendChild(tr);
-    });
-    table.appendChild(body);
-  }
-
-  // The one entry point for a selection, from the selectors and from the URL hash alike.
-  function select(layer, head) {
-    const l = parseInt(layer, 10);
-    const h = head === "mean" ? nHeads : parseInt(head, 10) - 1;
-    if (!(l >= 1 && l <= nLayers && h >= 0 && h <= nHeads)) {
-      document.getElementById("note").textContent =
-        "No map for layer " + layer + ", head " + head + "; showing layer 1, head mean.";
-      return select("1", "mean");
-    }
-    layerSelect.value = String(l);
-    headSelect.value = h === nHeads ? "mean" : String(h + 1);
-    draw(DATA.layers[l - 1][h]);
-    document.body.setAttribute("data-layer", layerSelect.value);
-    document.body.setAttribute("data-head", headSelect.value);
-    history.replaceState(null, "", "#layer=" + layerSelect.value + "&head=" + headSelect.value);
-  }
-
-  function selectFromHash() {
-    const params = new URLSearchParams(location.hash.replace(/^#/, ""));
-    select(params.get("layer") || "1", params.get("head") || "mean");
-  }
-
-  function onSelectorChange() {
-    document.getElementById("note").textContent = "";
-    select(layerSelect.value, headSelect.value);
-  }
-  layerSelect.addEventListener("change", onSelectorChange);
-  headSelect.addEventListener("change", onSelectorChange);
-  window.addEventListener("hashchange", selectFromHash);
-
-  table.addEventListener("mousemove", (event) => {
-    const td = event.target.closest("td.w");
-    if (!td) { tooltip.style.display = "none"; return; }
-    const i = +td.dataset.i, j = +td.dataset.j;
-    tooltip.textContent = "source " + j + ": " + DATA.src[j] + "  \\u00b7  target " + i + ": " +
-      DATA.tgt[i] + "  \\u00b7  weight " + Number(td.dataset.w).toFixed(4);
-    tooltip.style.left = (event.clientX + 14) + "px";
-    tooltip.style.top = (event.clientY + 14) + "px";
-    tooltip.style.display = "block";
-  });
-  table.addEventListener("mouseleave", () => { tooltip.style.display = "none"; });
-
-  selectFromHash();
-  document.body.setAttribute("data-status", "ok");
-})();
-</script>
-</body>
-</html>
-"""

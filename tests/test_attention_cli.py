@@ -1,21 +1,24 @@
 """``seq2seq attention`` end to end on a tiny 2+2-layer model trained here: PNG, SVG, HTML
-and JSON outputs, greedy and beam search, teacher forcing, the grid, and bad input."""
+and JSON outputs, greedy and beam search, teacher forcing, the grid, the per-step
+distributions, many sentences, word level, and bad input."""
 
 import json
 import math
 
 import numpy as np
 import pytest
+import torch
 from test_plotting import expected_pixels, png_size
 
-from seq2seq.attention_report import TEACHER_FORCED, attention_report
+from seq2seq.attention_report import TEACHER_FORCED, attention_report, selected_maps
 from seq2seq.checkpoint import load_run
 from seq2seq.cli import main
-from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
-from seq2seq.data import collate
+from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from seq2seq.plotting import CAPTION, figure_size
-from seq2seq.search import beam_search, greedy_search
+from seq2seq.search import beam_search, greedy_search, max_output_length
 from seq2seq.train import train
+from seq2seq.vocab import EOS_ID
+from seq2seq.words import WORDS_NOTE
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 REFERENCE = "A dog runs across the meadow."
@@ -43,20 +46,26 @@ def run_dir(tmp_path_factory):
 def run_json(run_dir, tmp_path, *args: str) -> dict:
     path = tmp_path / "attn.json"
     assert main(["attention", str(run_dir), SENTENCE, "-o", str(path), *args]) == 0
-    return json.loads(path.read_text(encoding="utf-8"))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1  # one record per sentence, one per line
+    return json.loads(lines[0])
 
 
 def detokenize(pieces: list[str]) -> str:
     return "".join(p for p in pieces if p != "</s>").replace("\u2581", " ").strip()
 
 
+def source(run_dir):
+    _, tokenizer, model = load_run(run_dir)
+    return model, torch.tensor([tokenizer.encode(SENTENCE, "src") + [EOS_ID]])  # (1, S)
+
+
 def model_search(run_dir, beam: int):
     """The search's own best hypothesis for SENTENCE, to compare the command against."""
-    _, tokenizer, model = load_run(run_dir)
-    src = collate([tokenizer.encode(SENTENCE, "src")], None).src
+    model, src = source(run_dir)
     if beam == 1:
         return greedy_search(model, src, need_weights=True)[0]
-    return beam_search(model, src, beam=beam, need_weights=True)[0][0]
+    return beam_search(model, src, DecodeConfig(beam=beam), need_weights=True)[0][0]
 
 
 @pytest.mark.parametrize("beam", [1, 3])
@@ -72,7 +81,7 @@ def test_json_holds_the_produced_outputs_attention(run_dir, tmp_path, capsys, be
     assert detokenize(record["tgt_tokens"]) == record["translation"]
     assert f"translation: {record['translation']}\n" in stdout
     assert (record["tgt_tokens"][-1] == "</s>") == (record["stop_reason"] == "eos")
-    assert ("greedy" if beam == 1 else "beam") in record["metadata"]["decoding"]
+    assert ("greedy" if beam == 1 else "beam") in record["decoding"]
 
     hyp = model_search(run_dir, beam)  # the chosen hypothesis, traced through the beam
     assert len(hyp.attention[0, 0]) == n_tq
@@ -82,14 +91,15 @@ def test_json_holds_the_produced_outputs_attention(run_dir, tmp_path, capsys, be
 def test_png_default_is_the_head_mean_of_every_layer(run_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["attention", str(run_dir), SENTENCE]) == 0
-    report = attention_report(run_dir, SENTENCE, fmt="json", out=tmp_path / "r.json")
-    n_tq, n_tk = report["shape"][2:]
+    record = attention_report(run_dir, SENTENCE, fmt="json", out=tmp_path / "r.json")["records"][0]
+    n_tq, n_tk = record["shape"][2:]
     assert png_size(tmp_path / "attention.png") == expected_pixels(1, N_LAYERS, n_tq, n_tk, 100)
     stdout = capsys.readouterr().out
     assert "layer 1, head mean" in stdout and "layer 2, head mean" in stdout
     assert stdout.count("  mean  ") == N_LAYERS  # a mean line closes each table
-    assert [m["head"] for m in report["maps"]] == ["mean"] * N_LAYERS
-    for m in report["maps"]:
+    maps = selected_maps(record)
+    assert [m["head"] for m in maps] == ["mean"] * N_LAYERS
+    for m in maps:
         assert len(m["row_entropy"]) == n_tq
         assert all(0 <= e <= math.log2(n_tk) + 1e-9 for e in m["row_entropy"])
 
@@ -105,14 +115,14 @@ def test_png_layer_and_head_selection(run_dir, tmp_path, args, grid):
     path = tmp_path / "attn.png"
     report = attention_report(run_dir, SENTENCE, fmt="json", out=tmp_path / "r.json")
     assert main(["attention", str(run_dir), SENTENCE, "-o", str(path), *args]) == 0
-    assert png_size(path) == expected_pixels(*grid, *report["shape"][2:], 100)
+    assert png_size(path) == expected_pixels(*grid, *report["records"][0]["shape"][2:], 100)
 
 
 def test_svg_from_the_suffix(run_dir, tmp_path):
     path = tmp_path / "attn.svg"
     report = attention_report(run_dir, SENTENCE, layer=1, out=path)
     assert report["format"] == "svg"
-    width, height = figure_size(1, 1, *report["shape"][2:])
+    width, height = figure_size(1, 1, *report["records"][0]["shape"][2:])
     text = path.read_text()
     assert f'width="{width * 72:g}pt"' in text and f'height="{height * 72:g}pt"' in text
 
@@ -122,8 +132,8 @@ def test_reference_is_teacher_forced(run_dir, tmp_path):
     _, tokenizer, _ = load_run(run_dir)
     n_ref = len(tokenizer.encode(REFERENCE, "tgt"))
     assert record["shape"][2] == n_ref + 1 == len(record["tgt_tokens"])
-    assert record["metadata"]["decoding"] == TEACHER_FORCED
-    assert record["metadata"]["teacher_forced"] is True
+    assert record["decoding"] == TEACHER_FORCED
+    assert record["teacher_forced"] is True and record["max_len"] is None
     assert record["translation"] == tokenizer.normalize(REFERENCE, "tgt")
 
 
@@ -134,6 +144,17 @@ def test_html_page(run_dir, tmp_path):
     )
     page = path.read_text(encoding="utf-8")
     assert CAPTION in page and TEACHER_FORCED in page and '"n_heads": 4' in page
+    assert "<script>" in page and "%DATA%" not in page  # the template, filled
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Input files for the bad-input cases, outside the folder those check stays empty."""
+    folder = tmp_path_factory.mktemp("inputs")
+    files = {"IN": [SENTENCE, "Zwei Hunde."], "ONE": [REFERENCE], "GAP": [SENTENCE, "", "x"]}
+    for name, lines in files.items():
+        (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
 
 
 @pytest.mark.parametrize(
@@ -146,14 +167,24 @@ def test_html_page(run_dir, tmp_path):
         (["RUN", SENTENCE, "--head", "5"], "--head 5: the decoder has heads 1..4"),
         (["RUN", SENTENCE, "--reference", ""], "--reference is empty"),
         (["RUN", SENTENCE, "-o", "attn.pdf"], "unknown format 'pdf'"),
+        (["RUN", SENTENCE, "--max-len", "0"], "--max-len must be at least 1"),
+        (["RUN"], "give one SENTENCE or -i FILE"),
+        (["RUN", SENTENCE, "-i", "IN"], "give one SENTENCE or -i FILE"),
+        (["RUN", "-i", "IN", "-o", "a.png"], "PNG draws one sentence"),
+        (["RUN", "-i", "IN", "--reference", "x", "-o", "a.html"], "--reference goes with SENTENCE"),
+        (["RUN", SENTENCE, "--reference-file", "ONE"], "--reference-file goes with -i FILE"),
+        (["RUN", "-i", "GAP", "-o", "a.json"], "line 2 is empty"),
+        (["RUN", "-i", "IN", "--reference-file", "ONE", "-o", "a.json"], "1 references for 2"),
+        (["RUN", "-i", "/no/such/file", "-o", "a.json"], "-i /no/such/file: No such file"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
-    run_dir, tmp_path, monkeypatch, capsys, args, message
+    run_dir, inputs, tmp_path, monkeypatch, capsys, args, message
 ):
     monkeypatch.chdir(tmp_path)
-    args = [str(run_dir) if a == "RUN" else a for a in args]
-    assert main(["attention", *args]) == 2
+    names = {"RUN": str(run_dir), "IN": str(inputs / "IN"), "ONE": str(inputs / "ONE"),
+             "GAP": str(inputs / "GAP")}  # fmt: skip
+    assert main(["attention", *[names.get(a, a) for a in args]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
     assert list(tmp_path.iterdir()) == []
@@ -164,6 +195,73 @@ def test_attention_report_takes_a_translator(run_dir, tmp_path):
 
     translator = Translator.from_run(run_dir)
     report = attention_report(translator, SENTENCE, head="all", fmt="png", out=tmp_path / "g.png")
-    assert [(m["layer"], m["head"]) for m in report["maps"]][:N_HEADS + 1] == [
+    maps = selected_maps(report["records"][0], head="all")
+    assert [(m["layer"], m["head"]) for m in maps][: N_HEADS + 1] == [
         (1, "1"), (1, "2"), (1, "3"), (1, "4"), (1, "mean")
     ]  # fmt: skip
+
+
+def test_steps_are_the_distributions_greedy_search_saw(run_dir, tmp_path):
+    record = run_json(run_dir, tmp_path, "--beam", "1")
+    steps = record["steps"]
+    assert [s["step"] for s in steps] == list(range(1, record["stop_step"] + 1))
+    assert [s["token"] for s in steps] == record["tgt_tokens"]
+    model, src = source(run_dir)
+    searched = greedy_search(model, src, need_eos_trace=True)[0]
+    # The teacher-forced pass over the output gives the P(EOS) the search saw at each step.
+    assert [s["p_eos"] for s in steps] == pytest.approx(searched.step_eos_prob, abs=1e-5)
+    for s in steps:
+        probs = [t["prob"] for t in s["top"]]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
+        assert s["top"][0]["token"] == s["token"] and s["top"][0]["prob"] == s["prob"]
+    limit = max_output_length(len(record["src_tokens"]), 1.5, 10, 64)  # the run's decode rule
+    assert record["max_len"] == limit and record["stop_step"] <= limit
+    assert record["stop_reason"] == ("eos" if record["tgt_tokens"][-1] == "</s>" else "max_len")
+
+
+def test_ban_eos_runs_to_the_given_max_len(run_dir, tmp_path, capsys):
+    record = run_json(run_dir, tmp_path, "--beam", "1", "--ban-eos", "--max-len", "7")
+    assert record["stop_reason"] == "max_len" and record["max_len"] == 7 == record["stop_step"]
+    assert len(record["steps"]) == len(record["tgt_tokens"]) == 7 and record["ban_eos"] is True
+    assert "stop reason: max_len at step 7 (max_len 7)" in capsys.readouterr().out
+
+
+def test_beam_lists_the_finished_hypotheses_with_their_scores(run_dir, tmp_path):
+    record = run_json(run_dir, tmp_path, "--beam", "3")
+    model, src = source(run_dir)
+    finished = beam_search(model, src, DecodeConfig(beam=3, nbest=3))[0]
+    hyps = record["hypotheses"]
+    assert [h["chosen"] for h in hyps] == [True] + [False] * (len(hyps) - 1)
+    assert [h["length"] for h in hyps] == [len(h.tokens) for h in finished]
+    assert [h["normalized_score"] for h in hyps] == pytest.approx(
+        [h.normalized_score for h in finished], abs=1e-5
+    )
+    assert hyps[0]["translation"] == record["translation"]
+
+
+def test_many_sentences_with_references_are_one_record_per_line(run_dir, tmp_path, capsys):
+    sources, references = tmp_path / "src.txt", tmp_path / "ref.txt"
+    sources.write_text(f"{SENTENCE}\nZwei Hunde.\n", encoding="utf-8")
+    references.write_text(f"{REFERENCE}\nTwo dogs.\n", encoding="utf-8")
+    out = tmp_path / "many.json"
+    args = ["-i", str(sources), "--reference-file", str(references), "-o", str(out)]
+    assert main(["attention", str(run_dir), *args]) == 0
+    records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [r["source"] for r in records] == [SENTENCE, "Zwei Hunde."]
+    assert [r["reference"] for r in records] == [REFERENCE, "Two dogs."]
+    assert all(r["decoding"] == TEACHER_FORCED for r in records)
+    stdout = capsys.readouterr().out
+    assert "[2] translation: Two dogs." in stdout and "layer 1, head mean" not in stdout
+
+
+def test_words_merge_the_json_maps(run_dir, tmp_path):
+    subwords = run_json(run_dir, tmp_path, "--beam", "1")
+    record = run_json(run_dir, tmp_path, "--beam", "1", "--words")
+    assert record["word_level"] == WORDS_NOTE
+    assert detokenize(record["src_tokens"]) == detokenize(subwords["src_tokens"]).replace(" ", "")
+    weights = np.array(record["weights"])
+    assert list(weights.shape) == record["shape"][:2] + [
+        len(record["tgt_tokens"]), len(record["src_tokens"])
+    ]  # fmt: skip
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert len(record["step_rows"]) == len(record["steps"]) == len(subwords["tgt_tokens"])

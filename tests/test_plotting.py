@@ -1,9 +1,7 @@
-"""Attention figures, HTML page and JSON dump, from synthetic weights and made-up tokens."""
+"""Attention figures and JSON dump, from synthetic weights and made-up tokens."""
 
 import json
 import math
-import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -20,7 +18,6 @@ from seq2seq.plotting import (
     font_families,
     is_punctuation,
     plot_attention,
-    write_attention_html,
     write_attention_json,
 )
 
@@ -66,6 +63,13 @@ def test_png_has_the_documented_pixel_size(tmp_path, weights, heads, layers, gri
     path = plot_attention(weights, SRC, TGT, tmp_path / "attn.png", heads=heads, layers=layers)
     assert path == tmp_path / "attn.png"
     assert png_size(path) == expected_pixels(*grid, len(TGT), len(SRC), dpi=100)
+
+
+def test_a_note_adds_half_an_inch_under_the_caption(tmp_path, weights):
+    path = plot_attention(weights, SRC, TGT, tmp_path / "attn.png", layers=[1], note="merged")
+    width, height = figure_size(1, 1, len(TGT), len(SRC), note=True)
+    assert (width, height - 0.5) == figure_size(1, 1, len(TGT), len(SRC))
+    assert png_size(path) == (math.floor(width * 100), math.floor(height * 100))
 
 
 def test_dpi_scales_the_png(tmp_path, weights):
@@ -200,71 +204,3 @@ def test_json_round_trips_tokens_and_weights(tmp_path, weights):
     assert record["stop_reason"] == "eos"
     assert record["metadata"] == {"beam": 4}
     assert record["caption"] == CAPTION
-
-
-# --- HTML --------------------------------------------------------------------------------
-
-HOSTILE = ["</script>", "<b>x</b>", "&amp;", "</s>"]  # must stay text, never markup
-
-
-def write_page(path: Path) -> Path:
-    w = softmax_weights((2, 3, len(TGT), len(HOSTILE)), seed=1)
-    return write_attention_html(
-        w, HOSTILE, TGT, path, translation="die Katze <saß>", stop_reason="eos", title="t"
-    )
-
-
-def test_html_is_self_contained(tmp_path):
-    page = write_page(tmp_path / "attn.html").read_text(encoding="utf-8")
-    assert "http://" not in page and "https://" not in page and " src=" not in page
-    assert page.count("</script>") == 2  # the data block and the code; tokens are escaped
-    assert CAPTION in page and "die Katze &lt;saß&gt;" in page
-
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-
-
-def chromium(tmp_path: Path, *args: str) -> str:
-    profile = tmp_path / "chromium-profile"
-    result = subprocess.run(
-        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
-    return result.stdout
-
-
-def body_tag(dom: str) -> str:
-    return re.search(r"<body[^>]*>", dom).group(0)
-
-
-def shown_title(dom: str) -> str:
-    return re.search(r'<h2 id="map-title">([^<]*)</h2>', dom).group(1)
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_html_renders_in_chromium_and_the_selector_switches(tmp_path):
-    url = write_page(tmp_path / "attn.html").as_uri()
-
-    dom = chromium(tmp_path, "--dump-dom", url)
-    assert 'data-status="ok"' in body_tag(dom), body_tag(dom)
-    assert shown_title(dom) == "layer 1, head mean \u2014 8\u00d74 (Tq\u00d7Tk)"
-    assert dom.count('class="w"') == len(TGT) * len(HOSTILE)
-    assert "&lt;/script&gt;" in dom and "&lt;b&gt;x&lt;/b&gt;" in dom  # drawn as text
-
-    # The hash goes through the same select() as the selectors' change handler.
-    dom = chromium(tmp_path, "--dump-dom", url + "#layer=2&head=3")
-    assert 'data-status="ok"' in body_tag(dom)
-    assert 'data-layer="2"' in body_tag(dom) and 'data-head="3"' in body_tag(dom)
-    assert shown_title(dom) == "layer 2, head 3 \u2014 8\u00d74 (Tq\u00d7Tk)"
-
-    dom = chromium(tmp_path, "--dump-dom", url + "#layer=9&head=1")
-    assert 'data-status="ok"' in body_tag(dom) and "No map for layer 9" in dom
-    assert shown_title(dom).startswith("layer 1, head mean")
-
-    shot = tmp_path / "shot.png"
-    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1000,700", url + "#head=mean")
-    assert png_size(shot) == (1000, 700)

@@ -1,0 +1,415 @@
+"use strict";
+// The attention explorer. Every number comes from the JSON block (explorer.py computes the
+// maps, their head means and per-row numbers); this script only draws. Steps, layers and
+// heads are numbered from 1 as on the command line. The state lives in one object, and
+// every change goes through setState, which redraws and writes the URL hash.
+window.onerror = function (message) {
+  document.body.setAttribute("data-status", "error: " + message);
+};
+(function () {
+  const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
+  const $ = (id) => document.getElementById(id);
+  const VIEWS = ["step", "heatmap", "lines", "model"];
+  // viridis at 0, 1/4, 1/2, 3/4, 1
+  const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const MIN_CELL = 20, MAX_CELL = 36;
+  const state = { sentence: 0, layer: 1, head: "mean", step: 1, view: "step" };
+  const tooltip = $("tooltip");
+
+  function colour(t) {
+    const x = Math.min(Math.max(t, 0), 1) * (STOPS.length - 1);
+    const i = Math.min(Math.floor(x), STOPS.length - 2);
+    const f = x - i;
+    const c = STOPS[i].map((v, k) => Math.round(v + f * (STOPS[i + 1][k] - v)));
+    return "rgb(" + c.join(",") + ")";
+  }
+
+  function el(tag, text, cls) {
+    const e = document.createElement(tag);
+    if (text !== undefined && text !== null) e.textContent = text;
+    if (cls) e.className = cls;
+    return e;
+  }
+
+  function svgEl(tag, attrs) {
+    const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    Object.entries(attrs || {}).forEach(([k, v]) => e.setAttribute(k, v));
+    return e;
+  }
+
+  function option(select, value, text) {
+    const o = el("option", text);
+    o.value = value;
+    select.appendChild(o);
+  }
+
+  const prob = (p) => p.toFixed(4);
+  const rec = () => DATA.records[state.sentence];
+  const headIndex = (r) => (state.head === "mean" ? r.n_heads : state.head - 1);
+  const currentMap = (r) => r.maps[state.layer - 1][headIndex(r)];
+  // The map row step n belongs to: the step itself, or its word at word level.
+  const currentRow = (r) => (r.step_rows ? r.step_rows[state.step - 1] : state.step - 1);
+  function stepWeights(r) {
+    const maps = r.step_maps || r.maps;
+    return maps[state.layer - 1][headIndex(r)].w[state.step - 1];
+  }
+
+  // --- hover: source token, target token, weight --------------------------------------
+  function showTip(event, r, i, j, w) {
+    tooltip.textContent = "source " + (j + 1) + ": " + r.src[j] + "  \u00b7  target " +
+      (i + 1) + ": " + r.tgt[i] + "  \u00b7  weight " + Number(w).toFixed(4);
+    tooltip.style.left = (event.clientX + 14) + "px";
+    tooltip.style.top = (event.clientY + 14) + "px";
+    tooltip.style.display = "block";
+  }
+  const hideTip = () => { tooltip.style.display = "none"; };
+  document.addEventListener("mousemove", (event) => {
+    const target = event.target.closest && event.target.closest("[data-i][data-j]");
+    if (!target) {
+      if (!event.target.closest || !event.target.closest("canvas")) hideTip();
+      return;
+    }
+    showTip(event, rec(), +target.dataset.i, +target.dataset.j, target.dataset.w);
+  });
+
+  // --- heatmap ------------------------------------------------------------------------
+  // Cells are at least MIN_CELL px: one label per row and column then fits without
+  // overlapping; past the page width the map scrolls instead of shrinking.
+  function cellSize(r, extra) {
+    const avail = document.documentElement.clientWidth - 80 - extra;
+    return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(avail / r.src.length)));
+  }
+
+  function drawHeatmap(table, r, map, withNumbers, current) {
+    const labelWidth = 12 + 8 * Math.max(...r.tgt.map((t) => t.length));
+    table.style.setProperty("--cell", cellSize(r, labelWidth + (withNumbers ? 200 : 0)) + "px");
+    table.textContent = "";
+    const head = el("thead");
+    const top = el("tr");
+    top.appendChild(el("th", "target \u2193 / source \u2192"));
+    r.src.forEach((t) => {
+      const th = el("th", undefined, "src");
+      th.appendChild(el("span", t));
+      top.appendChild(th);
+    });
+    if (withNumbers) {
+      top.appendChild(el("td", "", "sep"));
+      ["entropy (bits)", "EOS mass", "punct mass"].forEach((t) => top.appendChild(el("th", t)));
+    }
+    head.appendChild(top);
+    table.appendChild(head);
+    const body = el("tbody");
+    const scale = map.vmax > 0 ? map.vmax : 1;
+    map.w.forEach((row, i) => {
+      const tr = el("tr", undefined, i === current ? "current" : "");
+      tr.dataset.row = i;
+      tr.appendChild(el("th", r.tgt[i], "tgt"));
+      row.forEach((v, j) => {
+        const td = el("td", undefined, "w");
+        td.style.background = colour(v / scale);
+        Object.assign(td.dataset, { i: i, j: j, w: v });
+        tr.appendChild(td);
+      });
+      if (withNumbers) {
+        tr.appendChild(el("td", "", "sep"));
+        [map.entropy[i], map.eos[i], map.punct[i]].forEach(
+          (x) => tr.appendChild(el("td", x.toFixed(2), "num")));
+      }
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+  }
+
+  // --- step-through -------------------------------------------------------------------
+  function stopText(r) {
+    if (r.teacher_forced) {
+      return "Teacher-forced on the given reference: the steps are its subwords and its EOS; " +
+        "the search did not run, so no max_len applied.";
+    }
+    const ban = r.ban_eos ? " EOS was banned, so only max_len could stop it." : "";
+    if (r.stop_reason === "eos") {
+      return "The loop stopped at step " + r.stop_step + ": the output chose EOS (stop " +
+        "reason eos; max_len " + r.max_len + " would have stopped it at step " + r.max_len +
+        ")." + ban;
+    }
+    return "The loop stopped at step " + r.stop_step + ": it reached max_len = " + r.max_len +
+      " (stop reason max_len)." + ban;
+  }
+
+  function drawEosTrace(r) {
+    const svg = $("eos-trace");
+    const n = r.steps.length, w = Math.max(4, Math.min(16, Math.floor(300 / n)));
+    svg.textContent = "";
+    svg.setAttribute("width", n * w + 2);
+    r.steps.forEach((s, k) => {
+      const h = Math.max(1, s.p_eos * 56);
+      const bar = svgEl("rect", { x: k * w + 1, y: 58 - h, width: w - 1, height: h,
+        fill: k + 1 === r.stop_step && r.stop_reason === "eos" ? "#c22" : "#3b528b" });
+      if (k + 1 === state.step) { bar.setAttribute("stroke", "#000"); bar.setAttribute("stroke-width", 2); }
+      const title = svgEl("title");
+      title.textContent = "step " + (k + 1) + ": P(EOS) = " + prob(s.p_eos);
+      bar.appendChild(title);
+      svg.appendChild(bar);
+    });
+  }
+
+  function drawStepRow(r) {
+    const box = $("step-row");
+    box.textContent = "";
+    const row = stepWeights(r), i = currentRow(r);
+    const max = Math.max(...row) || 1;
+    $("step-row-title").textContent = "The cross-attention row step " + state.step +
+      " used (layer " + state.layer + ", head " + state.head + "):";
+    row.forEach((v, j) => {
+      const label = el("span", r.src[j]);
+      const bar = el("div", undefined, "bar");
+      bar.style.width = (100 * v / max) + "%";
+      const value = el("span", v.toFixed(3));
+      [label, bar, value].forEach((e) => {
+        Object.assign(e.dataset, { i: i, j: j, w: v });
+        box.appendChild(e);
+      });
+    });
+  }
+
+  function drawHypotheses(r) {
+    const table = $("hypotheses");
+    $("hypotheses-box").hidden = !(r.beam > 1) || r.teacher_forced;
+    table.textContent = "";
+    const head = el("tr");
+    ["", "translation", "subwords", "log-prob", "normalized score (ranked by)", "stop"].forEach(
+      (t) => head.appendChild(el("th", t)));
+    table.appendChild(head);
+    r.hypotheses.forEach((h) => {
+      const tr = el("tr", undefined, h.chosen ? "chosen" : "");
+      [h.chosen ? "chosen" : "", h.translation, h.length, h.score.toFixed(4),
+        h.normalized_score.toFixed(4), h.stop_reason].forEach((t) => tr.appendChild(el("td", t)));
+      table.appendChild(tr);
+    });
+  }
+
+  function drawStep(r) {
+    const s = r.steps[state.step - 1];
+    const slider = $("step-slider");
+    slider.max = r.steps.length;
+    slider.value = state.step;
+    const last = state.step === r.stop_step ? " \u2014 the last step (" + r.stop_reason + ")" : "";
+    $("step-label").textContent = "step " + state.step + " of " + r.steps.length + last;
+    $("step-token").textContent = s.token;
+    $("step-prob").textContent = prob(s.prob);
+    $("step-prob").dataset.value = s.prob;
+    $("p-eos").textContent = prob(s.p_eos);
+    $("p-eos").dataset.value = s.p_eos;
+    const list = $("top5");
+    list.textContent = "";
+    s.top.forEach((t) => {
+      const li = el("li", t.token, t.token === s.token ? "chosen" : "");
+      li.appendChild(el("span", prob(t.prob), "p"));
+      li.dataset.token = t.token;
+      li.dataset.prob = t.prob;
+      list.appendChild(li);
+    });
+    drawEosTrace(r);
+    drawStepRow(r);
+    drawHeatmap($("step-map"), r, currentMap(r), false, currentRow(r));
+    drawHypotheses(r);
+  }
+
+  // --- line view ----------------------------------------------------------------------
+  function drawLines(r) {
+    const svg = $("lines");
+    const map = currentMap(r), pitch = 22, top = 20;
+    const width = Math.min(Math.max(document.documentElement.clientWidth - 100, 480), 900);
+    const xt = 170, xs = width - 170;
+    svg.textContent = "";
+    svg.classList.remove("focus");
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", top + pitch * Math.max(r.tgt.length, r.src.length) + 10);
+    const y = (k) => top + pitch * k;
+    const current = currentRow(r);
+    map.w.forEach((row, i) => row.forEach((v, j) => {
+      if (v < 0.005) return;
+      const line = svgEl("line", { x1: xt, y1: y(i), x2: xs, y2: y(j), "stroke-opacity": v });
+      line.setAttribute("class", "i" + i + " j" + j + (i === current ? " current" : ""));
+      Object.assign(line.dataset, { i: i, j: j, w: v });
+      svg.appendChild(line);
+    }));
+    function focus(cls) {
+      svg.classList.add("focus");
+      svg.querySelectorAll("line." + cls).forEach((l) => l.classList.add("on"));
+    }
+    function unfocus() {
+      svg.classList.remove("focus");
+      svg.querySelectorAll("line.on").forEach((l) => l.classList.remove("on"));
+    }
+    const label = (text, x, k, anchor, cls) => {
+      const t = svgEl("text", { x: x, y: y(k) + 4, "text-anchor": anchor });
+      t.textContent = text;
+      t.addEventListener("mouseenter", () => focus(cls));
+      t.addEventListener("mouseleave", unfocus);
+      svg.appendChild(t);
+      return t;
+    };
+    r.tgt.forEach((t, i) => {
+      const text = label(t, xt - 8, i, "end", "i" + i);
+      if (i === current) text.classList.add("current");
+    });
+    r.src.forEach((t, j) => label(t, xs + 8, j, "start", "j" + j));
+    const heading = (text, x, anchor) => {
+      const t = svgEl("text", { x: x, y: 12, "text-anchor": anchor, "font-weight": "bold" });
+      t.textContent = text;
+      svg.appendChild(t);
+    };
+    heading("target (queries)", xt - 8, "end");
+    heading("source (keys)", xs + 8, "start");
+  }
+
+  // --- model view ---------------------------------------------------------------------
+  function drawModel(r) {
+    const grid = $("model-grid");
+    grid.textContent = "";
+    grid.style.gridTemplateColumns = "repeat(" + (r.n_heads + 2) + ", max-content)";
+    const px = Math.max(2, Math.min(8, Math.floor(110 / Math.max(r.src.length, r.tgt.length))));
+    r.maps.forEach((heads, l) => {
+      grid.appendChild(el("div", "layer " + (l + 1), "small"));
+      heads.forEach((map, h) => {
+        const head = h === r.n_heads ? "mean" : h + 1;
+        const fig = el("figure", undefined, l + 1 === state.layer && head === state.head ? "selected" : "");
+        Object.assign(fig.dataset, { layer: l + 1, head: head });
+        const canvas = el("canvas");
+        canvas.width = r.src.length * px;
+        canvas.height = r.tgt.length * px;
+        const ctx = canvas.getContext("2d");
+        const scale = map.vmax > 0 ? map.vmax : 1;
+        map.w.forEach((row, i) => row.forEach((v, j) => {
+          ctx.fillStyle = colour(v / scale);
+          ctx.fillRect(j * px, i * px, px, px);
+        }));
+        canvas.addEventListener("mousemove", (event) => {
+          const box = canvas.getBoundingClientRect();
+          const i = Math.floor((event.clientY - box.top) / px), j = Math.floor((event.clientX - box.left) / px);
+          if (i >= 0 && i < r.tgt.length && j >= 0 && j < r.src.length) showTip(event, r, i, j, map.w[i][j]);
+        });
+        canvas.addEventListener("mouseleave", hideTip);
+        fig.appendChild(canvas);
+        fig.appendChild(el("figcaption", "L" + (l + 1) + (head === "mean" ? " mean" : " H" + head)));
+        fig.addEventListener("click", () => setState({ layer: l + 1, head: head, view: "heatmap" }));
+        grid.appendChild(fig);
+      });
+    });
+  }
+
+  // --- state --------------------------------------------------------------------------
+  function render() {
+    const r = rec();
+    document.querySelectorAll(".view").forEach((v) => { v.hidden = v.id !== "view-" + state.view; });
+    document.querySelectorAll(".tabs button").forEach((b) => {
+      b.setAttribute("aria-selected", String(b.dataset.view === state.view));
+    });
+    $("sentence-select").value = String(state.sentence);
+    $("layer-select").value = String(state.layer);
+    $("head-select").value = String(state.head);
+    $("source").textContent = r.source;
+    $("translation").textContent = r.translation;
+    $("decoding").textContent = r.decoding;
+    $("stop-info").textContent = stopText(r);
+    $("notes").textContent = (r.notes || []).join("; ");
+    $("word-note").textContent = r.word_level || "";
+    const map = currentMap(r);
+    if (state.view === "step") drawStep(r);
+    if (state.view === "heatmap") {
+      $("map-title").textContent = map.title;
+      $("map-summary").textContent = map.summary;
+      $("legend-max").textContent = map.vmax.toFixed(3);
+      drawHeatmap($("heatmap"), r, map, true, currentRow(r));
+    }
+    if (state.view === "lines") drawLines(r);
+    if (state.view === "model") drawModel(r);
+    const attrs = { view: state.view, sentence: state.sentence + 1, step: state.step,
+      layer: state.layer, head: state.head };
+    Object.entries(attrs).forEach(([k, v]) => document.body.setAttribute("data-" + k, v));
+    const hash = Object.entries(attrs).map(([k, v]) => k + "=" + v).join("&");
+    history.replaceState(null, "", "#" + hash);
+  }
+
+  function setState(changes) {
+    Object.assign(state, changes);
+    const r = rec();
+    state.step = Math.min(Math.max(1, state.step), r.steps.length);
+    render();
+  }
+
+  // A request from the URL hash, checked: anything out of range falls back to a default
+  // with a note saying so.
+  function fromHash() {
+    const p = new URLSearchParams(location.hash.replace(/^#/, ""));
+    const r0 = DATA.records[0], wrong = [];
+    const sentence = parseInt(p.get("sentence") || "1", 10);
+    const layer = parseInt(p.get("layer") || "1", 10);
+    const headText = p.get("head") || "mean";
+    const head = headText === "mean" ? "mean" : parseInt(headText, 10);
+    const view = p.get("view") || "step";
+    const out = { sentence: 0, layer: 1, head: "mean", view: "step",
+      step: parseInt(p.get("step") || "1", 10) || 1 };
+    if (sentence >= 1 && sentence <= DATA.records.length) out.sentence = sentence - 1;
+    else wrong.push("sentence " + p.get("sentence"));
+    if (layer >= 1 && layer <= r0.n_layers && (head === "mean" || (head >= 1 && head <= r0.n_heads))) {
+      out.layer = layer;
+      out.head = head;
+    } else wrong.push("layer " + p.get("layer") + ", head " + headText);
+    if (VIEWS.includes(view)) out.view = view; else wrong.push("view " + view);
+    $("note").textContent = wrong.length ? "No map for " + wrong.join("; ") +
+      "; showing the first sentence, layer 1, head mean where that was asked." : "";
+    setState(out);
+  }
+
+  function setUpForm() {
+    const form = DATA.form;
+    if (!form) return;
+    $("explore-form").hidden = false;
+    $("text").value = form.text || "";
+    $("beam").value = form.beam || "";
+    $("max-len").value = form.max_len || "";
+    $("ban-eos").checked = !!form.ban_eos;
+    $("words").checked = !!form.words;
+  }
+
+  function setUp() {
+    setUpForm();
+    if (!DATA.records.length) return;
+    $("explorer").hidden = false;
+    const r0 = DATA.records[0];
+    DATA.records.forEach((r, k) => option($("sentence-select"), String(k), (k + 1) + ": " + r.source));
+    $("sentence-picker").hidden = DATA.records.length < 2;
+    for (let l = 1; l <= r0.n_layers; l++) option($("layer-select"), String(l), String(l));
+    for (let h = 1; h <= r0.n_heads; h++) option($("head-select"), String(h), String(h));
+    option($("head-select"), "mean", "mean");
+    $("legend-bar").style.background =
+      "linear-gradient(to right," + STOPS.map((c) => "rgb(" + c.join(",") + ")").join(",") + ")";
+
+    $("sentence-select").addEventListener("change", (e) => setState({ sentence: +e.target.value, step: 1 }));
+    $("layer-select").addEventListener("change", (e) => setState({ layer: +e.target.value }));
+    $("head-select").addEventListener("change", (e) => {
+      setState({ head: e.target.value === "mean" ? "mean" : +e.target.value });
+    });
+    document.querySelectorAll(".tabs button").forEach((b) => {
+      b.addEventListener("click", () => setState({ view: b.dataset.view }));
+    });
+    $("step-slider").addEventListener("input", (e) => setState({ step: +e.target.value }));
+    $("prev").addEventListener("click", () => setState({ step: state.step - 1 }));
+    $("next").addEventListener("click", () => setState({ step: state.step + 1 }));
+    document.addEventListener("keydown", (event) => {
+      if (event.target.closest("input, select, textarea")) return; // they have their own keys
+      const moves = { ArrowRight: state.step + 1, ArrowLeft: state.step - 1, Home: 1,
+        End: rec().steps.length };
+      if (!(event.key in moves)) return;
+      event.preventDefault();
+      setState({ step: moves[event.key] });
+    });
+    window.addEventListener("hashchange", fromHash);
+    fromHash();
+  }
+
+  setUp();
+  document.body.setAttribute("data-status", "ok");
+})();

@@ -1,0 +1,260 @@
+"""The explorer page (``seq2seq attention ... -o report.html``) in headless Chromium: step
+through with the keyboard, switch views, pick a sentence; every number shown is the JSON's."""
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, open_page
+
+from seq2seq.cli import main
+from seq2seq.explorer import render_page
+from seq2seq.plotting import CAPTION
+from seq2seq.words import WORDS_NOTE
+
+SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
+VIEWS = ["step", "heatmap", "lines", "model"]
+
+
+def write_report(run, folder, *args: str) -> tuple[str, list[dict]]:
+    """The HTML page's URL and the JSON records of the same command."""
+    source = folder / "in.de"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    for name in ("report.html", "report.json"):
+        assert (
+            main(["attention", str(run), "-i", str(source), "-o", str(folder / name), *args]) == 0
+        )
+    lines = (folder / "report.json").read_text(encoding="utf-8").splitlines()
+    return (folder / "report.html").as_uri(), [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return explorer_run_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def report(run_dir, tmp_path_factory):
+    return write_report(run_dir, tmp_path_factory.mktemp("report"), "--beam", "1")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+def shown_row(page, table: str) -> tuple[int, list[float]]:
+    """The highlighted row of a heatmap: its index and its cells' weights."""
+    rows = page.eval_on_selector_all(
+        f"{table} tr.current",
+        "trs => trs.map(tr => [+tr.dataset.row, [...tr.querySelectorAll('td.w')].map(td => +td.dataset.w)])",
+    )
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_keyboard_to_step_3_shows_the_jsons_row_top5_and_eos(report, browser):
+    url, records = report
+    page = open_page(browser, url)
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert page.get_attribute("body", "data-step") == "3"
+
+    step = records[0]["steps"][2]
+    assert page.inner_text("#step-token") == step["token"] == records[0]["tgt_tokens"][2]
+    top = page.eval_on_selector_all(
+        "#top5 li", "ls => ls.map(l => [l.dataset.token, +l.dataset.prob])"
+    )
+    assert [t for t, _ in top] == [t["token"] for t in step["top"]]
+    assert [p for _, p in top] == pytest.approx([t["prob"] for t in step["top"]])
+    assert page.inner_text("#p-eos") == f"{step['p_eos']:.4f}"
+    assert float(page.get_attribute("#p-eos", "data-value")) == pytest.approx(step["p_eos"])
+
+    row, weights = shown_row(page, "#step-map")
+    mean = np.array(records[0]["weights"])[0].mean(axis=0)  # layer 1, head mean: (Tq, Tk)
+    assert row == 2
+    np.testing.assert_allclose(weights, mean[2], atol=1e-4)
+    assert f"stopped at step {records[0]['stop_step']}" in page.inner_text("#stop-info")
+
+    page.keyboard.press("ArrowLeft")
+    assert page.get_attribute("body", "data-step") == "2" and shown_row(page, "#step-map")[0] == 1
+
+
+def test_every_view_draws_keeps_the_caption_and_is_not_blank(report, browser, tmp_path):
+    url, records = report
+    page = open_page(browser, url)
+    for view in VIEWS:
+        page.click(f".tabs button[data-view={view}]")
+        assert page.get_attribute("body", "data-view") == view
+        assert [page.is_visible(f"#view-{v}") for v in VIEWS] == [v == view for v in VIEWS]
+        assert page.is_visible("#caption") and page.inner_text("#caption") == CAPTION
+        shot = tmp_path / f"{view}.png"
+        page.locator("#views").screenshot(path=shot)
+        assert not_blank(shot), view
+    assert page.get_attribute("body", "data-status") == "ok"
+
+
+def test_line_view_draws_each_weight_as_opacity_and_hover_shows_it(report, browser):
+    url, records = report
+    page = open_page(browser, url + "#view=lines&layer=2&head=3")
+    lines = page.eval_on_selector_all(
+        "#lines line",
+        "ls => ls.map(l => [+l.dataset.i, +l.dataset.j, +l.getAttribute('stroke-opacity')])",
+    )
+    w = np.array(records[0]["weights"])[1, 2]  # layer 2, head 3: (Tq, Tk)
+    assert len(lines) == int((np.round(w, 4) >= 0.005).sum())
+    for i, j, opacity in lines:
+        assert opacity == pytest.approx(w[i, j], abs=1e-4)
+
+    i, j, _ = max(lines, key=lambda line: line[2])
+    page.hover(f"#lines text >> nth={i}")  # a target token: only its lines stay
+    shown = page.eval_on_selector_all(
+        "#lines line", "ls => ls.filter(l => getComputedStyle(l).visibility === 'visible')"
+        ".map(l => +l.dataset.i)",
+    )  # fmt: skip
+    assert shown and set(shown) == {i}
+    page.dispatch_event(f"#lines line[data-i='{i}'][data-j='{j}']", "mousemove")
+    tip = page.inner_text("#tooltip")
+    src, tgt = records[0]["src_tokens"][j], records[0]["tgt_tokens"][i]
+    assert f"source {j + 1}: {src}" in tip and f"target {i + 1}: {tgt}" in tip
+    assert f"weight {w[i, j]:.4f}" in tip
+
+
+def test_model_view_has_a_thumbnail_per_layer_and_head_and_a_click_opens_it(report, browser):
+    url, _ = report
+    page = open_page(browser, url + "#view=model")
+    assert page.locator("#model-grid canvas").count() == N_LAYERS * (N_HEADS + 1)
+    page.click("#model-grid figure[data-layer='2'][data-head='3']")
+    assert page.get_attribute("body", "data-view") == "heatmap"
+    assert page.get_attribute("body", "data-layer") == "2"
+    assert page.get_attribute("body", "data-head") == "3"
+    assert page.inner_text("#map-title").startswith("layer 2, head 3 \u2014")
+
+
+def test_picking_the_second_sentence_shows_its_translation_and_steps(report, browser):
+    url, records = report
+    page = open_page(browser, url)
+    assert page.is_visible("#sentence-select")
+    page.keyboard.press("End")
+    page.select_option("#sentence-select", "1")
+    assert page.inner_text("#source") == SENTENCES[1]
+    assert page.inner_text("#translation") == records[1]["translation"]
+    assert page.get_attribute("body", "data-step") == "1"  # a new sentence starts at step 1
+    shown = page.eval_on_selector_all("#top5 li", "ls => ls.map(l => l.dataset.token)")
+    assert shown == [t["token"] for t in records[1]["steps"][0]["top"]]
+    assert page.get_attribute("#step-slider", "max") == str(len(records[1]["steps"]))
+
+
+def boxes(page, selector: str) -> list[dict]:
+    return page.eval_on_selector_all(
+        selector, "es => es.map(e => { const b = e.getBoundingClientRect(); "
+        "return {x: b.x, y: b.y, w: b.width, h: b.height}; })",
+    )  # fmt: skip
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return (
+        a["x"] < b["x"] + b["w"] - 0.5 and b["x"] < a["x"] + a["w"] - 0.5
+        and a["y"] < b["y"] + b["h"] - 0.5 and b["y"] < a["y"] + a["h"] - 0.5
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [1200, 700])
+def test_heatmap_cells_are_at_least_20px_and_labels_never_overlap(report, browser, width):
+    url, records = report
+    page = open_page(browser, url + "#view=heatmap", width=width)
+    cells = boxes(page, "#heatmap td.w")
+    tq, tk = len(records[0]["tgt_tokens"]), len(records[0]["src_tokens"])
+    assert len(cells) == tq * tk
+    assert min(c["w"] for c in cells) >= 20 and min(c["h"] for c in cells) >= 20
+    for selector in ("#heatmap thead th.src span", "#heatmap th.tgt"):
+        labels = boxes(page, selector)
+        assert len(labels) in (tq, tk)
+        assert not any(overlap(a, b) for k, a in enumerate(labels) for b in labels[k + 1 :])
+
+
+def test_beam_report_lists_the_finished_hypotheses_with_their_scores(run_dir, browser, tmp_path):
+    url, records = write_report(run_dir, tmp_path, "--beam", "3")
+    page = open_page(browser, url)
+    assert page.is_visible("#hypotheses-box")
+    rows = page.eval_on_selector_all(
+        "#hypotheses tr:not(:first-child)",
+        "trs => trs.map(tr => [...tr.children].map(td => td.textContent))",
+    )
+    hyps = records[0]["hypotheses"]
+    assert len(rows) == len(hyps) and hyps[0]["chosen"]
+    assert [r[1] for r in rows] == [h["translation"] for h in hyps]
+    assert [float(r[4]) for r in rows] == pytest.approx(
+        [h["normalized_score"] for h in hyps], abs=1e-4
+    )
+    assert rows[0][0] == "chosen" and rows[0][1] == page.inner_text("#translation")
+
+
+def test_word_level_page_says_how_it_merged_and_highlights_the_steps_word(
+    run_dir, browser, tmp_path
+):
+    url, records = write_report(run_dir, tmp_path, "--beam", "1", "--words")
+    page = open_page(browser, url)
+    assert page.inner_text("#word-note") == WORDS_NOTE
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    row, weights = shown_row(page, "#step-map")
+    assert row == records[0]["step_rows"][3]
+    mean = np.array(records[0]["weights"])[0].mean(axis=0)
+    np.testing.assert_allclose(weights, mean[row], atol=1e-4)
+    np.testing.assert_allclose(mean.sum(-1), 1.0, atol=1e-4)
+    assert page.inner_text("#step-token") == records[0]["steps"][3]["token"]  # steps stay subwords
+
+
+def test_a_bad_hash_falls_back_with_a_note(report, browser):
+    url, _ = report
+    page = open_page(browser, url + "#layer=9&head=1&view=nope&sentence=7")
+    assert page.get_attribute("body", "data-layer") == "1"
+    assert page.get_attribute("body", "data-view") == "step"
+    assert "No map for" in page.inner_text("#note")
+
+
+HOSTILE = ["</script>", "<b>x</b>", "%STYLE%", "</s>"]  # must stay text, never markup
+
+
+def hostile_record() -> dict:
+    w = np.full((1, 2, 2, len(HOSTILE)), 1 / len(HOSTILE))
+    step = {
+        "step": 1,
+        "token": "<i>",
+        "prob": 0.5,
+        "top": [{"token": "<i>", "prob": 0.5}],
+        "p_eos": 0.1,
+    }
+    return {
+        "source": "<img src=x>", "translation": "</script><b>", "decoding": "greedy search",
+        "teacher_forced": False, "beam": 1, "ban_eos": False, "max_len": 2, "stop_reason": "max_len",
+        "stop_step": 2, "notes": [], "src_tokens": HOSTILE, "tgt_tokens": ["<i>", "%DATA%"],
+        "weights": w, "steps": [step, {**step, "step": 2}], "hypotheses": [], "word_level": None,
+        "step_rows": None, "step_weights": None,
+    }  # fmt: skip
+
+
+def test_page_is_self_contained_and_tokens_stay_text(browser, tmp_path):
+    page_text = render_page([hostile_record()], title="%SCRIPT% <t>")
+    assert page_text.count("</script>") == 2  # the data block and the code; tokens are escaped
+    assert CAPTION in page_text
+    path = tmp_path / "hostile.html"
+    path.write_text(page_text, encoding="utf-8")
+
+    page = browser.new_page()
+    requests = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(path.as_uri())
+    assert page.get_attribute("body", "data-status") == "ok"
+    assert requests == [path.as_uri()]  # nothing fetched: no network, no other file
+    assert page.title() == "%SCRIPT% <t>"
+    assert page.inner_text("#translation") == "</script><b>"
+    assert page.inner_text("#step-map thead th.src span >> nth=0") == "</script>"
+
+
+def test_template_ships_as_package_data():
+    folder = resources.files("seq2seq").joinpath("templates")
+    assert all(folder.joinpath(f"explorer.{ext}").is_file() for ext in ("html", "css", "js"))
