@@ -286,7 +286,9 @@ class MultiHeadAttention(nn.Module):
             if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
                 raise ValueError("A shared key/value cache takes only a key padding mask")
         dropout = self.dropout if self.training else 0.0
-        out, weights = attend(qh, kh, vh, allowed, dropout, need_weights)  # (Bk, H, K*Tq, Dh)
+        out, weights = attend(
+            qh, kh, vh, allowed, dropout=dropout, need_weights=need_weights
+        )  # (Bk, H, K*Tq, Dh)
         if group > 1:
             out = out.view(bk, self.n_heads, group, tq, self.d_head).transpose(1, 2)
             out = out.reshape(b, self.n_heads, tq, self.d_head)
