@@ -303,6 +303,46 @@ def read_sentences(path: Path, what: str = "-i") -> list[str]:
     return lines
 
 
+def report_inputs(
+    sentence: str | None,
+    input_path: Path | None,
+    reference: str | None,
+    reference_file: Path | None,
+) -> tuple[str | list[str], str | list[str] | None]:
+    """``seq2seq attention``'s sentences and references: one SENTENCE (with --reference),
+    or the lines of -i FILE (with --reference-file)."""
+    if (sentence is None) == (input_path is None):
+        raise Seq2SeqError("give one SENTENCE or -i FILE")
+    if input_path is None:
+        if reference_file is not None:
+            raise Seq2SeqError("--reference-file goes with -i FILE; with SENTENCE use --reference")
+        return sentence, reference
+    if reference is not None:
+        raise Seq2SeqError("--reference goes with SENTENCE; with -i FILE use --reference-file")
+    references = (
+        None if reference_file is None else read_sentences(reference_file, "--reference-file")
+    )
+    return read_sentences(input_path), references
+
+
+def format_summary(report: dict, layer: int | str = "all", head: int | str = "mean") -> str:
+    """What ``seq2seq attention`` prints: per sentence its translation and how decoding
+    stopped; for one sentence the per-row numbers of the chosen maps; the file written."""
+    records, lines = report["records"], []
+    for n, r in enumerate(records, start=1):
+        where = f"[{n}] " if len(records) > 1 else ""
+        limit = f" (max_len {r['max_len']})" if r["max_len"] is not None else ""
+        lines.append(f"{where}translation: {r['translation']}")
+        lines.append(
+            f"{where}decoding: {r['decoding']}; stop reason: {r['stop_reason']} at step "
+            f"{r['stop_step']}{limit}"
+        )
+    if len(records) == 1:
+        lines.append(format_table(records[0], selected_maps(records[0], layer, head)))
+    lines.append(f"wrote {report['path']}")
+    return "\n".join(lines)
+
+
 def selected_maps(record: dict, layer: int | str = "all", head: int | str = "mean") -> list[dict]:
     """Layer, head and per-row numbers of each map ``layer`` and ``head`` select."""
     layers, heads = _selection(layer, head, record["shape"][:2])

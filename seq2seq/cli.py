@@ -283,23 +283,11 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 def _run_attention(args: argparse.Namespace) -> int:
     import warnings
 
-    from seq2seq.attention_report import (
-        attention_report,
-        format_table,
-        read_sentences,
-        selected_maps,
-    )
+    from seq2seq.attention_report import attention_report, format_summary, report_inputs
 
-    if (args.sentence is None) == (args.input is None):
-        raise Seq2SeqError("give one SENTENCE or -i FILE")
-    if args.input is not None and args.reference is not None:
-        raise Seq2SeqError("--reference goes with SENTENCE; with -i FILE use --reference-file")
-    if args.input is None and args.reference_file is not None:
-        raise Seq2SeqError("--reference-file goes with -i FILE; with SENTENCE use --reference")
-    sentences = read_sentences(args.input) if args.input else args.sentence
-    references = args.reference
-    if args.reference_file is not None:
-        references = read_sentences(args.reference_file, "--reference-file")
+    sentences, references = report_inputs(
+        args.sentence, args.input, args.reference, args.reference_file
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = attention_report(
@@ -316,22 +304,10 @@ def _run_attention(args: argparse.Namespace) -> int:
             out=args.output,
             device=args.device,
         )
-    for w in caught:  # e.g. no installed font for a script: its glyphs draw as boxes
-        print(f"warning: {w.message}", file=sys.stderr)
-    records = report["records"]
-    for n, r in enumerate(records, start=1):
-        where = f"[{n}] " if len(records) > 1 else ""
-        for note in r["notes"]:
-            print(f"warning: {where}{note}", file=sys.stderr)
-        limit = f" (max_len {r['max_len']})" if r["max_len"] is not None else ""
-        print(f"{where}translation: {r['translation']}")
-        print(
-            f"{where}decoding: {r['decoding']}; stop reason: {r['stop_reason']} at step "
-            f"{r['stop_step']}{limit}"
-        )
-    if len(records) == 1:
-        print(format_table(records[0], selected_maps(records[0], args.layer, args.head)))
-    print(f"wrote {report['path']}")
+    warned = [str(w.message) for w in caught]  # e.g. no installed font: glyphs draw as boxes
+    for message in warned + [note for r in report["records"] for note in r["notes"]]:
+        print(f"warning: {message}", file=sys.stderr)
+    print(format_summary(report, args.layer, args.head))
     return 0
 
 
@@ -340,18 +316,13 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "serve",
         help="a local web page to type sentences and explore their translation's attention",
         description="Load a trained run once and serve the attention explorer at "
-        "http://HOST:PORT/: type sentences, get their translations and the step-through, "
-        "heatmap, line and model views; beam, max_len and 'ban EOS' show how decoding decides "
-        "the length. Ctrl-C stops.",
+        "http://HOST:PORT/ for sentences typed in; beam, max_len and 'ban EOS' show how "
+        "decoding decides the length. Ctrl-C stops.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
-    p.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default: %(default)s, this machine)"
-    )
-    p.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
-    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.set_defaults(run=_run_serve)
 
 

@@ -265,3 +265,9 @@ def test_words_merge_the_json_maps(run_dir, tmp_path):
     ]  # fmt: skip
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     assert len(record["step_rows"]) == len(record["steps"]) == len(subwords["tgt_tokens"])
+
+
+def test_options_may_sit_between_the_positionals(run_dir, tmp_path):
+    out = tmp_path / "mixed.json"
+    assert main(["attention", str(run_dir), "--beam", "1", SENTENCE, "-o", str(out)]) == 0
+    assert json.loads(out.read_text(encoding="utf-8"))["source"] == SENTENCE
