@@ -118,6 +118,14 @@ window.onerror = function (message) {
       body.appendChild(tr);
     });
     table.appendChild(body);
+    // The estimate above ignores the real label widths: shrink the cells to what fits,
+    // never below MIN_CELL (past that the map scrolls).
+    const cell = parseFloat(table.style.getPropertyValue("--cell"));
+    const over = table.offsetWidth - table.parentElement.clientWidth;
+    if (over > 0 && cell > MIN_CELL) {
+      const fit = Math.max(MIN_CELL, cell - Math.ceil(over / r.src.length));
+      table.style.setProperty("--cell", fit + "px");
+    }
   }
 
   // --- step-through -------------------------------------------------------------------
