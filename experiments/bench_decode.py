@@ -121,9 +121,9 @@ def main() -> int:
     reference = marian_like(config.model, device)
     n_sentences = src.shape[0]
 
-    def ours(n: int, **search) -> Callable[[], object]:
-        config = SearchConfig(max_len_a=0.0, max_len_b=n, ban_eos=True, **search)
-        return lambda: translate_batch(model, src, config)
+    def ours(n: int, need_weights: bool = False, **settings) -> Callable[[], object]:
+        decode = DecodeConfig(max_len_a=0.0, max_len_b=n, ban_eos=True, **settings)
+        return lambda: translate_batch(model, src, decode, need_weights=need_weights)
 
     def theirs(n: int, beam: int) -> Callable[[], object]:
         def run() -> object:

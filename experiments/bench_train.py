@@ -38,8 +38,8 @@ from torch import Tensor, nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.config import ModelConfig, load_config  # noqa: E402
 from seq2seq.batching import Batch, TokenBatchSampler, collate  # noqa: E402
+from seq2seq.config import ModelConfig, load_config  # noqa: E402
 from seq2seq.corpora import encode_pairs, load_corpus  # noqa: E402
 from seq2seq.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402

@@ -148,6 +148,15 @@ def attend(
         if g != h and not _SDPA_HAS_GQA:
             k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
         kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            # The CPU's bf16 kernel trains many times slower than its fp32 one (its backward
+            # above all), and attention is a small share of the FLOPs: under bf16 autocast it
+            # runs in fp32 and only the projections around it in bf16.
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), attn_mask=allowed, dropout_p=dropout, **kwargs
+                )
+            return out, None
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs
         )

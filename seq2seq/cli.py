@@ -354,16 +354,17 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _search_overrides(args: argparse.Namespace) -> dict:
+def _decode_overrides(args: argparse.Namespace) -> dict:
+    """The decoding options given on the command line; None = the run's ``decode`` section."""
     return {
         "beam": args.beam,
         "nbest": getattr(args, "nbest", None),
         "length_penalty": args.length_penalty,
         "max_len_a": args.max_len_a,
         "max_len_b": args.max_len_b,
-        "use_cache": not args.no_cache,
-        "ban_eos": args.ban_eos,
-        "need_weights": getattr(args, "verbose", False),
+        "max_tokens": args.batch_tokens,
+        "use_cache": False if args.no_cache else None,
+        "ban_eos": True if args.ban_eos else None,
     }
 
 
@@ -415,9 +416,14 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.text and args.input:
         raise Seq2SeqError("give sentences as arguments or -i FILE, not both")
     translator = Translator.from_run(args.run_dir, args.device)
-    search = translator.search_config(**_search_overrides(args))
+    decode = translator.config.decode.with_overrides(**_decode_overrides(args))
     translate_files(
-        translator, search, args.text, args.input, args.output, args.batch_tokens, args.verbose
+        translator,
+        decode,
+        texts=args.text,
+        input_path=args.input,
+        output_path=args.output,
+        verbose=args.verbose,
     )
     return 0
 
@@ -439,6 +445,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "-o", "--output", type=Path, help="hypothesis file (default RUN_DIR/hyps.SPLIT.TGT.txt)"
     )
+    p.add_argument(
+        "--tokenize",
+        help="sacreBLEU tokenizer for BLEU (default: from the target language, as sacrebleu -l "
+        "picks it: zh, ja-mecab or char, ko-mecab or char, char for th, else 13a)",
+    )
     _add_search_args(p)
     p.set_defaults(run=_run_evaluate)
 
@@ -446,18 +457,17 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     from seq2seq.checkpoint import load_config_file
     from seq2seq.evaluate import evaluate_split, format_report
-    from seq2seq.translate import search_config
 
-    search = search_config(load_config_file(args.run_dir).decode, **_search_overrides(args))
+    decode = load_config_file(args.run_dir).decode.with_overrides(**_decode_overrides(args))
     report = evaluate_split(
         args.run_dir,
         args.data,
         args.split,
-        search,
+        decode,
         src=args.src,
         tgt=args.tgt,
         test_split=args.test_split,
-        max_tokens=args.batch_tokens,
+        tokenize=args.tokenize,
         device=args.device,
         hyp_file=args.output,
     )
@@ -472,9 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
-    sub = parser.add_subparsers(
-        dest="command", metavar="COMMAND", parser_class=_IntermixedParser
-    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
     for add in (_add_data, _add_train, _add_translate, _add_evaluate, _add_attention, _add_serve):
         add(sub)
     return parser

@@ -31,9 +31,10 @@ from tqdm import tqdm
 
 from seq2seq import __version__, checkpoint
 from seq2seq.batching import Batch, TokenBatchSampler, batches_of, collate
-from seq2seq.config import Config
+from seq2seq.config import Config, DecodeConfig
 from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
+from seq2seq.evaluate import bleu_tokenize
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import Seq2Seq, build_model
 from seq2seq.precision import autocast, autocast_dtype
@@ -146,6 +147,17 @@ def sequence_loss(
     )
 
 
+def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
+    """Adam; its fused kernel (one pass over each tensor, not seven) where torch has one for
+    the device, else the multi-tensor one. Same update, up to the last bits."""
+    t = config.train
+    settings = {"lr": t.lr, "betas": t.betas, "weight_decay": t.weight_decay}
+    try:
+        return torch.optim.Adam(model.parameters(), fused=True, **settings)
+    except (RuntimeError, TypeError):  # no fused Adam for this device or torch version
+        return torch.optim.Adam(model.parameters(), **settings)
+
+
 def inverse_sqrt(warmup: int):
     """Linear warmup to the peak, then decay ∝ 1/√step (Vaswani et al. 2017)."""
 
@@ -173,10 +185,15 @@ def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, d
 def validation_bleu(model: Seq2Seq, data: Prepared, config: Config, device, dtype) -> float:
     """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs."""
     n = min(config.train.valid_bleu_sentences, len(data.valid_src))
-    greedy = dataclasses.replace(config.decode, beam=1, nbest=1)
-    hyps = translate_ids(model, data.valid_src[:n], greedy, device=device, dtype=dtype)
+    hyps = translate_ids(model, data.valid_src[:n], greedy(config), device=device, dtype=dtype)
     text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
-    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]]).score
+    tokenize = bleu_tokenize(config.data.tgt)
+    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]], tokenize=tokenize).score
+
+
+def greedy(config: Config) -> DecodeConfig:
+    """The run's length rule with greedy search, the cache on and EOS allowed."""
+    return dataclasses.replace(config.decode, beam=1, nbest=1, ban_eos=False, use_cache=True)
 
 
 def save_attention_maps(
@@ -186,8 +203,9 @@ def save_attention_maps(
     from seq2seq.plotting import plot_attention, write_attention_json  # matplotlib only when used
 
     tok, n = data.tokenizer, config.train.attention_sentences
-    greedy = dataclasses.replace(config.decode, beam=1, nbest=1)
-    hyps = translate_ids(model, data.valid_src[:n], greedy, device=device, need_weights=True)
+    hyps = translate_ids(
+        model, data.valid_src[:n], greedy(config), device=device, need_weights=True
+    )
     for i, hyp in enumerate(hyps):
         src_pieces = tok.pieces(data.valid_src[i] + [EOS_ID], "src")
         tgt_ids = hyp.tokens + ([EOS_ID] if hyp.stop_reason == "eos" else [])
@@ -385,12 +403,12 @@ class Trainer:
         self.dtype = autocast_dtype(t.precision, device)
         if runtime.main:
             checkpoint.save_config(run_dir, config)
-            atomic_write_text(run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2))
+            atomic_write_text(
+                run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2)
+            )
             write_environment(run_dir, runtime, self.dtype)
         self.model = build_model(config.model).to(device)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay
-        )
+        self.optimizer = build_optimizer(self.model, config)
         self.schedule = inverse_sqrt(t.warmup_steps)
         self.state = TrainState()
         if resume:
@@ -398,14 +416,18 @@ class Trainer:
                 run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, runtime.rank
             )
             self.state = TrainState.from_saved(counters)
-        self.ddp = nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
+        self.ddp = (
+            nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
+        )
         self.sampler = TokenBatchSampler(
             [len(s) + 1 for s in self.data.train_src],
             [len(x) + 1 for x in self.data.train_tgt],
             config.data.max_tokens,
             t.seed,
         )
-        self.log = MetricsLog(run_dir, runtime.main, tensorboard, self.state.step if resume else None)
+        self.log = MetricsLog(
+            run_dir, runtime.main, tensorboard, self.state.step if resume else None
+        )
         self.signals = StopSignals()
         self.started = time.time() - self.state.elapsed
         self.tick, self.tick_tokens = time.time(), 0  # tokens/s since the last log line
@@ -494,7 +516,9 @@ class Trainer:
             weight = 1.0
             if not shard:  # fewer pairs than ranks: take part with zero weight
                 shard, weight = idx[:1], 0.0
-            batch: Batch = collate([data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard])
+            batch: Batch = collate(
+                [data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard]
+            )
             batch = batch.to(runtime.device)
             last = micro == len(group) - 1
             sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
@@ -562,7 +586,9 @@ class Trainer:
         """
         s, t, device = self.state, self.config.train, self.runtime.device
         self.model.eval()
-        loss = validation_loss(self.model, self.data, self.config.data.max_tokens, device, self.dtype)
+        loss = validation_loss(
+            self.model, self.data, self.config.data.max_tokens, device, self.dtype
+        )
         bleu = validation_bleu(self.model, self.data, self.config, device, self.dtype)
         s.valid_step = s.step
         if bleu > s.best_bleu:

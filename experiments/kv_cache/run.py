@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
-from seq2seq.config import ModelConfig
+from seq2seq.config import DecodeConfig, ModelConfig
 from seq2seq.model import Seq2Seq, build_model, padding_mask
 from seq2seq.search import greedy_search
 from seq2seq.vocab import BOS_ID, EOS_ID
@@ -81,11 +81,13 @@ def total_times(model: Seq2Seq, src: torch.Tensor, lengths: list[int], rounds: i
     (length, mode) in turn so that drift in the machine's load hits all alike."""
     times = {(n, c): [] for n in lengths for c in (True, False)}
     outputs = {}
-    greedy_search(model, src, 0.0, 2, ban_eos=True)  # warm-up
+    greedy_search(model, src, DecodeConfig(max_len_a=0.0, max_len_b=2, ban_eos=True))  # warm-up
     for _ in range(rounds):
         for n, cached in times:
             start = time.perf_counter()
-            hyps = greedy_search(model, src, 0.0, n, use_cache=cached, ban_eos=True)
+            hyps = greedy_search(
+                model, src, DecodeConfig(max_len_a=0.0, max_len_b=n, use_cache=cached, ban_eos=True)
+            )
             times[(n, cached)].append(time.perf_counter() - start)
             outputs[(n, cached)] = [h.tokens for h in hyps]
     rows = []

@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 
 from seq2seq import checkpoint
 from seq2seq.batching import collate
-from seq2seq.config import load_config
+from seq2seq.config import DecodeConfig, load_config
 from seq2seq.model import Seq2Seq, count_parameters, padding_mask
 from seq2seq.search import greedy_search
 from seq2seq.translate import translate_ids
@@ -122,11 +122,13 @@ def decode_speed(models: dict[str, Seq2Seq], src: torch.Tensor, steps: int, roun
     take the variants in turn, so drift in the machine's load hits them alike."""
     times: dict[str, list[float]] = {name: [] for name in models}
     for model in models.values():  # warm-up
-        greedy_search(model, src[:2], 0.0, 2, ban_eos=True)
+        greedy_search(model, src[:2], DecodeConfig(max_len_a=0.0, max_len_b=2, ban_eos=True))
     for _ in range(rounds):
         for name, model in models.items():
             start = time.perf_counter()
-            hyps = greedy_search(model, src, 0.0, steps, ban_eos=True)
+            hyps = greedy_search(
+                model, src, DecodeConfig(max_len_a=0.0, max_len_b=steps, ban_eos=True)
+            )
             times[name].append(time.perf_counter() - start)
             assert all(len(h.tokens) == steps for h in hyps)
     return {name: src.shape[0] * steps / statistics.median(t) for name, t in times.items()}

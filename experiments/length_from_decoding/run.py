@@ -27,9 +27,9 @@ import sacrebleu
 import torch
 from matplotlib.figure import Figure
 
-from seq2seq.checkpoint import load_run
-from seq2seq.config import load_config
 from seq2seq.batching import batches_of, collate
+from seq2seq.checkpoint import load_run
+from seq2seq.config import DecodeConfig, load_config
 from seq2seq.model import Seq2Seq
 from seq2seq.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.train import train
@@ -84,7 +84,13 @@ def decode(
     out: list = [None] * len(src_ids)
     for idx in batches_of(src_ids, None, MAX_TOKENS):
         batch = collate([src_ids[i] for i in idx], None)
-        for i, hyp in zip(idx, greedy_search(model, batch.src, a, b, ban_eos=ban_eos), strict=True):
+        for i, hyp in zip(
+            idx,
+            greedy_search(
+                model, batch.src, DecodeConfig(max_len_a=a, max_len_b=b, ban_eos=ban_eos)
+            ),
+            strict=True,
+        ):
             out[i] = hyp
     return out
 
@@ -171,8 +177,12 @@ def limit_sweep(model: Seq2Seq, src_ids: list[list[int]], max_positions: int) ->
 
 def eos_trace(model: Seq2Seq, src: list[int], a: float, b: int) -> dict:
     batch = collate([src], None).src
-    normal = greedy_search(model, batch, a, b, need_eos_trace=True)[0]
-    banned = greedy_search(model, batch, a, b, ban_eos=True, need_eos_trace=True)[0]
+    normal = greedy_search(
+        model, batch, DecodeConfig(max_len_a=a, max_len_b=b), need_eos_trace=True
+    )[0]
+    banned = greedy_search(
+        model, batch, DecodeConfig(max_len_a=a, max_len_b=b, ban_eos=True), need_eos_trace=True
+    )[0]
     return {
         "tokens": normal.tokens,
         "stop_reason": normal.stop_reason,
