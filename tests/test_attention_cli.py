@@ -271,3 +271,12 @@ def test_options_may_sit_between_the_positionals(run_dir, tmp_path):
     out = tmp_path / "mixed.json"
     assert main(["attention", str(run_dir), "--beam", "1", SENTENCE, "-o", str(out)]) == 0
     assert json.loads(out.read_text(encoding="utf-8"))["source"] == SENTENCE
+
+
+def test_words_png_says_how_it_merged_under_the_caption(run_dir, tmp_path):
+    path = tmp_path / "words.png"
+    report = attention_report(run_dir, SENTENCE, beam=1, words=True, out=path)
+    record = report["records"][0]
+    assert record["word_level"] == WORDS_NOTE
+    width, height = figure_size(1, N_LAYERS, *record["shape"][2:], note=True)
+    assert png_size(path) == (math.floor(width * 100), math.floor(height * 100))

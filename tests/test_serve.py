@@ -23,21 +23,21 @@ def run_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(run_dir):
+def server(run_dir, tmp_path_factory):
     """The server's URL, from the line it prints once it listens; stopped after the tests."""
     command = [sys.executable, "-m", "seq2seq", "serve", str(run_dir), "--port", "0"]
-    proc = subprocess.Popen(
-        [*command, "--device", "cpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    log = tmp_path_factory.mktemp("serve") / "requests.log"  # a file: a pipe could fill up
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [*command, "--device", "cpu"], stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
     try:
         with selectors.DefaultSelector() as sel:
             sel.register(proc.stdout, selectors.EVENT_READ)
             ready = sel.select(timeout=120)
         line = proc.stdout.readline() if ready else ""
         found = re.search(r"http://(127\.0\.0\.1):(\d+)/", line)
-        assert found, (
-            f"no URL printed: {line!r}; stderr: {proc.stderr.read() if proc.poll() else ''}"
-        )
+        assert found, f"no URL printed: {line!r}; stderr: {log.read_text()}"
         yield found.group(0), int(found.group(2)), proc
     finally:
         proc.terminate()
