@@ -415,6 +415,7 @@ window.onerror = function (message) {
       setState({ step: moves[event.key] });
     });
     window.addEventListener("hashchange", fromHash);
+    window.addEventListener("resize", render); // cell sizes follow the page width
     fromHash();
   }
 
