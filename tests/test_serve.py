@@ -12,7 +12,8 @@ import pytest
 from browser import chromium, explorer_run_dir, open_page
 
 from seq2seq.cli import main
-from seq2seq.serve import MAX_BODY_BYTES, MAX_CHARS
+from seq2seq.errors import Seq2SeqError
+from seq2seq.serve import MAX_BODY_BYTES, MAX_CHARS, make_server
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 
@@ -146,6 +147,12 @@ def test_other_paths_are_not_found_and_it_binds_to_localhost(server):
     response = conn.getresponse()
     assert response.status == 404 and "no such page" in response.read().decode()
     conn.close()
+
+
+def test_a_port_in_use_is_a_one_line_error(server):
+    _, port, _ = server
+    with pytest.raises(Seq2SeqError, match=f"cannot listen on 127.0.0.1:{port}"):
+        make_server(None, "127.0.0.1", port)
 
 
 def test_a_missing_run_is_one_line(capsys, tmp_path):
