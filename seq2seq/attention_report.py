@@ -43,6 +43,7 @@ from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 FORMATS = ("png", "svg", "html", "json")
 TEACHER_FORCED = "teacher-forced on the given reference"
 TOP_K = 5  # alternatives shown per decoding step
+MAX_PAGE_SENTENCES = 200  # an HTML page holds every map: ~100 kB per sentence
 _TITLE_MAX_CHARS = 60  # per quoted sentence in a figure title
 
 
@@ -81,6 +82,11 @@ def attention_report(
         references = [references]
     if fmt in ("png", "svg") and len(sentences) != 1:
         raise Seq2SeqError(f"{fmt.upper()} draws one sentence; write several to .html or .json")
+    if fmt == "html" and len(sentences) > MAX_PAGE_SENTENCES:
+        raise Seq2SeqError(
+            f"{len(sentences)} sentences: a page holds at most {MAX_PAGE_SENTENCES} (every map "
+            "of every sentence is in it); split the file, or write .json"
+        )
     translator = run if isinstance(run, Translator) else Translator.from_run(run, device)
     model_config = translator.model.config
     layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))

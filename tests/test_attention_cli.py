@@ -10,7 +10,12 @@ import pytest
 import torch
 from test_plotting import expected_pixels, png_size
 
-from seq2seq.attention_report import TEACHER_FORCED, attention_report, selected_maps
+from seq2seq.attention_report import (
+    MAX_PAGE_SENTENCES,
+    TEACHER_FORCED,
+    attention_report,
+    selected_maps,
+)
 from seq2seq.checkpoint import load_run
 from seq2seq.cli import main
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
@@ -151,10 +156,11 @@ def test_html_page(run_dir, tmp_path):
 def inputs(tmp_path_factory):
     """Input files for the bad-input cases, outside the folder those check stays empty."""
     folder = tmp_path_factory.mktemp("inputs")
-    files = {"IN": [SENTENCE, "Zwei Hunde."], "ONE": [REFERENCE], "GAP": [SENTENCE, "", "x"]}
+    files = {"IN": [SENTENCE, "Zwei Hunde."], "ONE": [REFERENCE], "GAP": [SENTENCE, "", "x"],
+             "MANY": ["x"] * (MAX_PAGE_SENTENCES + 1)}  # fmt: skip
     for name, lines in files.items():
         (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return folder
+    return {name: folder / name for name in files}
 
 
 @pytest.mark.parametrize(
@@ -176,14 +182,14 @@ def inputs(tmp_path_factory):
         (["RUN", "-i", "GAP", "-o", "a.json"], "line 2 is empty"),
         (["RUN", "-i", "IN", "--reference-file", "ONE", "-o", "a.json"], "1 references for 2"),
         (["RUN", "-i", "/no/such/file", "-o", "a.json"], "-i /no/such/file: No such file"),
+        (["RUN", "-i", "MANY", "-o", "a.html"], f"at most {MAX_PAGE_SENTENCES}"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
     run_dir, inputs, tmp_path, monkeypatch, capsys, args, message
 ):
     monkeypatch.chdir(tmp_path)
-    names = {"RUN": str(run_dir), "IN": str(inputs / "IN"), "ONE": str(inputs / "ONE"),
-             "GAP": str(inputs / "GAP")}  # fmt: skip
+    names = {"RUN": str(run_dir), **{name: str(path) for name, path in inputs.items()}}
     assert main(["attention", *[names.get(a, a) for a in args]]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err
