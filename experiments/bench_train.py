@@ -45,7 +45,7 @@ from seq2seq.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.precision import autocast, autocast_dtype  # noqa: E402
 from seq2seq.tokenizer import Tokenizer  # noqa: E402
-from seq2seq.train import sequence_loss  # noqa: E402
+from seq2seq.train import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
 
@@ -199,7 +199,7 @@ class Trainee:
     def __init__(self, name: str, model: nn.Module, config, dtype) -> None:
         self.name, self.model, self.dtype = name, model.train(), dtype
         t = config.train
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=t.betas)
+        self.optimizer = build_optimizer(model, config)  # the trainer's: fused Adam where torch has it
         self.label_smoothing, self.clip_norm = t.label_smoothing, t.clip_norm
         self.rates: list[float] = []
         self.step_times: list[float] = []

@@ -475,6 +475,31 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_average(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "average",
+        help="average the last kept checkpoints of a run into one weights file",
+        description="Average the weights of the last N validated states a run kept in "
+        "RUN/checkpoints/ (train.keep_last) into one file that every command loads in place "
+        "of a run directory, e.g. seq2seq translate RUN/averaged.safetensors TEXT.",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("--last", type=int, default=5, help="how many (default: %(default)s)")
+    p.add_argument(
+        "-o", "--output", type=Path, help="weights file (default: RUN_DIR/averaged.safetensors)"
+    )
+    p.set_defaults(run=_run_average)
+
+
+def _run_average(args: argparse.Namespace) -> int:
+    from seq2seq.checkpoint import average_run
+
+    out, chosen = average_run(args.run_dir, args.last, args.output)
+    steps = ", ".join(p.stem.removeprefix("step_") for p in chosen)
+    print(f"averaged {len(chosen)} checkpoints (steps {steps}) into {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seq2seq",
@@ -483,7 +508,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
-    for add in (_add_data, _add_train, _add_translate, _add_evaluate, _add_attention, _add_serve):
+    commands = (_add_data, _add_train, _add_translate, _add_evaluate, _add_average)
+    for add in (*commands, _add_attention, _add_serve):
         add(sub)
     return parser
 

@@ -83,8 +83,11 @@ class TrainConfig:
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved
     device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
-    keep_last: int = 0  # weights of the last N validated states kept in checkpoints/
-    average_last: int = 0  # at the end, average the last N kept states; kept if BLEU is better
+    # The weights of the last N validated states stay in checkpoints/ (7.6M parameters:
+    # 30 MB each), and the run ends by averaging them, kept as model.safetensors only when
+    # the average validates better than the best single state (fairseq/OpenNMT practice).
+    keep_last: int = 5
+    average_last: int = 5
 
 
 @dataclass

@@ -43,6 +43,7 @@ _LANG_CODE = re.compile(r"[a-z]{2,3}([_-][A-Za-z0-9]{2,4})?")
 _DATASETS_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CARVE_SEED = 0  # carving is a property of the corpus, not of a run's seed
 _HUB_TIMEOUT_S = 3.0
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 SplitReader = Callable[[], list[tuple[str, str]]]
 
@@ -220,14 +221,16 @@ def _hub_unreachable() -> str | None:
 
 
 def _read_datasets(
-    name: str, src: str, tgt: str, local: bool
+    name: str, src: str, tgt: str, local: bool, config: str | None = None
 ) -> tuple[str, dict[str, SplitReader]]:
-    """A Hub dataset (or a local folder in its schema) through Hugging Face ``datasets``.
+    """A Hub dataset (or a local folder in its layout) through Hugging Face ``datasets``.
 
     Languages are either columns named by code (``bentrevett/multi30k``) or keys of a
-    ``translation`` column (the WMT datasets).
+    ``translation`` column (the WMT datasets). ``config`` names one configuration of a
+    dataset that has several (``wmt/wmt14`` with ``de-en``).
     """
     description = f"local dataset folder {name}" if local else f"Hub dataset {name}"
+    description += f", configuration {config}" if config else ""
     copies = [] if local else _local_alternatives(name)
     alternatives = "; try a local copy: " + " or ".join(copies) if copies else ""
     if not local and (reason := _hub_unreachable()):
@@ -239,9 +242,12 @@ def _read_datasets(
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     try:
-        loaded = datasets.load_dataset(name, cache_dir=str(CACHE_DIR / "huggingface"))
+        loaded = datasets.load_dataset(name, config, cache_dir=str(CACHE_DIR / "huggingface"))
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Config name is missing" in message:
+            names = ", ".join(datasets.get_dataset_config_names(name))
+            message += f" Name one as --data {name}:CONFIG (configurations: {names})"
         raise Seq2SeqError(f"could not load {description}: {message}{alternatives}") from None
     first = next(iter(loaded.values()))
     nested = "translation" in first.column_names
@@ -260,7 +266,24 @@ def _read_datasets(
     return description, {split: reader(split) for split in loaded}
 
 
+def _split_configuration(data: str) -> tuple[str, str | None]:
+    """``owner/name:config`` or ``folder:config`` -> (dataset, configuration); else (data, None)."""
+    match = re.fullmatch(r"(.+):([\w.-]+)", data)
+    if match is None or Path(data).expanduser().exists():
+        return data, None
+    name, config = match.groups()
+    if _HUB_ID.fullmatch(name) or Path(name).expanduser().is_dir():
+        return name, config
+    return data, None
+
+
 def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+    data, config = _split_configuration(data)
+    if config is not None:
+        local = Path(data).expanduser().is_dir()
+        return _read_datasets(
+            str(Path(data).expanduser()) if local else data, src, tgt, local, config
+        )
     registry = _registry()
     if data in registry:
         entry = registry[data]
@@ -285,14 +308,14 @@ def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitRea
             return _read_tsv_source(path, src, tgt)
         if _parallel_files(path):
             return _read_parallel_folder(path, src, tgt)
-        if any(p.suffix in _DATASETS_SUFFIXES for p in path.iterdir()):
+        if any(p.suffix in _DATASETS_SUFFIXES or p.name == "README.md" for p in path.iterdir()):
             return _read_datasets(str(path), src, tgt, local=True)
         raise Seq2SeqError(
             f"{path} holds no corpus: expected {{split}}.{{lang}}[.gz] files, *.tsv, or *.jsonl/*.parquet"
         )
     if path.parent.is_dir() and str(path.parent) != ".":
         raise Seq2SeqError(f"--data {data}: no such file or folder")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", data):
+    if _HUB_ID.fullmatch(data):
         return _read_datasets(data, src, tgt, local=False)
     if not registry:  # installed without the repository, whose data/ holds the corpora
         raise Seq2SeqError(

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from seq2seq.errors import Seq2SeqError
+
+Value = TypeVar("Value")
 
 
 @dataclass
@@ -77,3 +81,41 @@ def _resolve(device: str, local_rank: int | None) -> torch.device:
     elif resolved.type not in ("cpu", "cuda", "mps"):
         raise Seq2SeqError(f"unsupported device '{device}' (use auto, cpu, cuda, cuda:N or mps)")
     return resolved
+
+
+def agree(runtime: Runtime, value: Value) -> Value:
+    """Rank 0's value for every rank, so that no rank waits for a step the others skip."""
+    if runtime.world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather(runtime: Runtime, value: Value) -> list[Value]:
+    """Every rank's ``value``, in rank order, on every rank."""
+    if runtime.world == 1:
+        return [value]
+    values: list = [None] * runtime.world
+    dist.all_gather_object(values, value)
+    return values
+
+
+class StopSignals:
+    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

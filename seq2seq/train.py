@@ -13,37 +13,29 @@ import contextlib
 import dataclasses
 import json
 import math
-import platform
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import sacrebleu
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from seq2seq import __version__, checkpoint
-from seq2seq.batching import Batch, TokenBatchSampler, batches_of, collate
-from seq2seq.config import Config, DecodeConfig
+from seq2seq import checkpoint
+from seq2seq.batching import Batch, TokenBatchSampler, collate
+from seq2seq.config import Config
 from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.errors import Seq2SeqError
-from seq2seq.evaluate import bleu_tokenize
 from seq2seq.fileio import atomic_write_text, remove_temporaries
-from seq2seq.model import Seq2Seq, build_model
+from seq2seq.model import build_model
+from seq2seq.optim import build_optimizer, inverse_sqrt, sequence_loss
 from seq2seq.precision import autocast, autocast_dtype
-from seq2seq.runtime import Runtime, setup_runtime
+from seq2seq.runlog import MetricsLog, say, write_environment
+from seq2seq.runtime import Runtime, StopSignals, agree, gather, setup_runtime
 from seq2seq.tokenizer import Tokenizer
-from seq2seq.translate import translate_ids
-from seq2seq.vocab import EOS_ID, PAD_ID
-
-Value = TypeVar("Value")
+from seq2seq.validation import save_attention_maps, validation_bleu, validation_loss
 
 
 @dataclass
@@ -128,219 +120,6 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
         [s for s, _ in valid_pairs],
         summary,
     )
-
-
-# ---------------------------------------------------------------------------------------
-# Loss, schedule, validation.
-
-
-def sequence_loss(
-    logits: torch.Tensor, tgt_out: torch.Tensor, label_smoothing: float
-) -> torch.Tensor:
-    """Summed token cross-entropy, padding ignored. Shapes: (B, T, V), (B, T) -> ()."""
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(),
-        tgt_out.reshape(-1),
-        ignore_index=PAD_ID,
-        label_smoothing=label_smoothing,
-        reduction="sum",
-    )
-
-
-def build_optimizer(model: nn.Module, config: Config) -> torch.optim.Adam:
-    """Adam; its fused kernel (one pass over each tensor, not seven) where torch has one for
-    the device, else the multi-tensor one. Same update, up to the last bits."""
-    t = config.train
-    settings = {"lr": t.lr, "betas": t.betas, "weight_decay": t.weight_decay}
-    try:
-        return torch.optim.Adam(model.parameters(), fused=True, **settings)
-    except (RuntimeError, TypeError):  # no fused Adam for this device or torch version
-        return torch.optim.Adam(model.parameters(), **settings)
-
-
-def inverse_sqrt(warmup: int):
-    """Linear warmup to the peak, then decay ∝ 1/√step (Vaswani et al. 2017)."""
-
-    def factor(step: int) -> float:
-        step = max(step, 1)
-        return step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / step)
-
-    return factor
-
-
-@torch.inference_mode()
-def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, dtype) -> float:
-    total, tokens = 0.0, 0
-    for idx in batches_of(data.valid_src, data.valid_tgt, max_tokens):
-        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx]).to(
-            device
-        )
-        with autocast(device, dtype):
-            logits = model(batch.src, batch.tgt_in)
-        total += sequence_loss(logits, batch.tgt_out, 0.0).item()
-        tokens += batch.n_tgt_tokens
-    return total / max(tokens, 1)
-
-
-def validation_bleu(model: Seq2Seq, data: Prepared, config: Config, device, dtype) -> float:
-    """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs."""
-    n = min(config.train.valid_bleu_sentences, len(data.valid_src))
-    hyps = translate_ids(model, data.valid_src[:n], greedy(config), device=device, dtype=dtype)
-    text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
-    tokenize = bleu_tokenize(config.data.tgt)
-    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]], tokenize=tokenize).score
-
-
-def greedy(config: Config) -> DecodeConfig:
-    """The run's length rule with greedy search, the cache on and EOS allowed."""
-    return dataclasses.replace(config.decode, beam=1, nbest=1, ban_eos=False, use_cache=True)
-
-
-def save_attention_maps(
-    model: Seq2Seq, data: Prepared, config: Config, out_dir: Path, device
-) -> None:
-    """Cross-attention of a few fixed validation sentences: PNG grids plus the raw weights."""
-    from seq2seq.plotting import plot_attention, write_attention_json  # matplotlib only when used
-
-    tok, n = data.tokenizer, config.train.attention_sentences
-    hyps = translate_ids(
-        model, data.valid_src[:n], greedy(config), device=device, need_weights=True
-    )
-    for i, hyp in enumerate(hyps):
-        src_pieces = tok.pieces(data.valid_src[i] + [EOS_ID], "src")
-        tgt_ids = hyp.tokens + ([EOS_ID] if hyp.stop_reason == "eos" else [])
-        tgt_pieces = tok.pieces(tgt_ids, "tgt")
-        weights = hyp.attention.float().cpu().numpy()  # (L, H, Tq, Tk)
-        title = f"validation sentence {i}"
-        plot_attention(
-            weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.png", heads="all", title=title
-        )
-        write_attention_json(
-            weights,
-            src_pieces,
-            tgt_pieces,
-            out_dir / f"sentence_{i}.json",
-            translation=tok.decode(hyp.tokens, "tgt"),
-            stop_reason=hyp.stop_reason,
-            extra={"source": data.valid_sources[i]},
-        )
-
-
-# ---------------------------------------------------------------------------------------
-# Logs.
-
-
-class MetricsLog:
-    """``metrics.jsonl`` (always) and TensorBoard event files (when asked and installed)."""
-
-    def __init__(
-        self, run_dir: Path, enabled: bool, tensorboard: bool, resume_step: int | None
-    ) -> None:
-        self.path = run_dir / "metrics.jsonl"
-        self.enabled = enabled
-        self.writer = None
-        if not enabled:
-            return
-        if resume_step is not None and self.path.exists():
-            # Drop what was logged after the state we resume from: it will be logged again.
-            kept = [
-                line
-                for line in self.path.read_text().splitlines()
-                if _logged_step(line) <= resume_step
-            ]
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                say(
-                    "warning: --tensorboard needs the 'tensorboard' package "
-                    '(pip install -e ".[tensorboard]" in the repository)',
-                    run_dir,
-                )
-            else:
-                purge = None if resume_step is None else resume_step + 1
-                self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
-
-    def log(self, kind: str, step: int, values: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"kind": kind, "step": step, **values}) + "\n")
-        if self.writer is not None:
-            for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{kind}/{key}", value, step)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-def _logged_step(line: str) -> float:
-    """The step of a metrics line; infinite (dropped on resume) for one a crash cut short."""
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError, TypeError):
-        return math.inf
-
-
-def write_environment(run_dir: Path, runtime: Runtime, dtype) -> None:
-    """What someone needs to reproduce a number: versions, hardware, the command line."""
-    import sentencepiece
-
-    versions = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "sentencepiece": sentencepiece.__version__,
-        "sacrebleu": sacrebleu.__version__,
-        "seq2seq": __version__,
-    }
-    repo = Path(__file__).resolve().parents[1]
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        commit = done.stdout.strip() or None if done.returncode == 0 else None
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    environment = {
-        "versions": versions,
-        "git_commit": commit,
-        "cpu": cpu,
-        "threads": torch.get_num_threads(),
-        "device": str(runtime.device),
-        "processes": runtime.world,
-        "precision": "bf16 autocast" if dtype else "fp32",
-        "command": sys.argv,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    atomic_write_text(run_dir / "environment.json", json.dumps(environment, indent=2) + "\n")
-
-
-class StopSignals:
-    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self.previous: dict[int, Any] = {}
-
-    def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------------
@@ -669,29 +448,3 @@ class Trainer:
     def say(self, message: str) -> None:
         if self.runtime.main:
             say(message, self.run_dir)
-
-
-def agree(runtime: Runtime, value: Value) -> Value:
-    """Rank 0's value for every rank, so that no rank waits for a step the others skip."""
-    if runtime.world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def gather(runtime: Runtime, value: Value) -> list[Value]:
-    """Every rank's ``value``, in rank order, on every rank."""
-    if runtime.world == 1:
-        return [value]
-    values: list = [None] * runtime.world
-    dist.all_gather_object(values, value)
-    return values
-
-
-def say(message: str, run_dir: Path | None = None) -> None:
-    """A line on stderr (above the progress bar) and, for a run, in its ``train.log``."""
-    tqdm.write(message, file=sys.stderr)
-    if run_dir is not None:
-        with contextlib.suppress(OSError), open(run_dir / "train.log", "a", encoding="utf-8") as f:
-            f.write(message + "\n")

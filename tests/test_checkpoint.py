@@ -76,6 +76,70 @@ def test_best_model_is_the_weights_of_the_best_validation(run_dir):
     assert len(tensors) < len(model.state_dict())
 
 
+def test_best_model_holds_the_weights_validated_best_not_the_last_ones(tmp_path, monkeypatch):
+    from seq2seq import train as train_module
+
+    snapshots, scores = {}, iter([1.0, 9.0, 3.0])  # the second validation is the best
+
+    def bleu(model, *args):
+        snapshots[len(snapshots)] = {
+            k: v.clone() for k, v in checkpoint.unique_state(model).items()
+        }
+        return next(scores)
+
+    monkeypatch.setattr(train_module, "validation_bleu", bleu)
+    state = train(tiny_config(train__max_steps=33), tmp_path / "run", progress=False)
+    assert state["best_step"] == 22 and len(snapshots) == 3
+    best, metadata = checkpoint.read_tensors(tmp_path / "run" / checkpoint.BEST_FILE)
+    assert metadata == {"step": 22, "bleu": 9.0}
+    for name, tensor in best.items():
+        torch.testing.assert_close(tensor, snapshots[1][name], rtol=0, atol=0, msg=name)
+    assert any(not torch.equal(best[n], snapshots[2][n]) for n in best)  # later weights differ
+
+
+def test_averaging_copies_of_one_checkpoint_gives_it_back_exactly(run_dir, tmp_path):
+    copies = [
+        shutil.copy(run_dir / checkpoint.BEST_FILE, tmp_path / f"c{i}.safetensors")
+        for i in range(3)
+    ]
+    averaged = checkpoint.average_checkpoints([Path(c) for c in copies])
+    original, _ = checkpoint.read_tensors(run_dir / checkpoint.BEST_FILE)
+    assert averaged.keys() == original.keys()
+    for name, tensor in original.items():
+        assert averaged[name].dtype == tensor.dtype and torch.equal(averaged[name], tensor), name
+
+
+def test_the_average_of_two_checkpoints_is_their_mean(run_dir, tmp_path):
+    a, _ = checkpoint.read_tensors(run_dir / checkpoint.BEST_FILE)
+    b = {k: v * 3 + 1 for k, v in a.items()}
+    checkpoint.write_tensors(tmp_path / "b.safetensors", b, {})
+    averaged = checkpoint.average_checkpoints(
+        [run_dir / checkpoint.BEST_FILE, tmp_path / "b.safetensors"]
+    )
+    for name in a:
+        torch.testing.assert_close(averaged[name], (a[name] + b[name]) / 2, msg=name)
+
+
+def test_average_command_writes_weights_every_command_loads(copy_of, tmp_path, capsys):
+    kept = copy_of / checkpoint.KEPT_DIR
+    kept.mkdir()
+    for step in (11, 12):
+        shutil.copy(copy_of / checkpoint.BEST_FILE, kept / f"step_{step}.safetensors")
+    assert main(["average", str(copy_of), "--last", "2"]) == 0
+    assert "averaged 2 checkpoints (steps 11, 12)" in capsys.readouterr().out
+    averaged = copy_of / "averaged.safetensors"
+    assert main(["translate", str(averaged), "ein Hund"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1  # one line (a 12-step model may say nothing)
+    _, _, model = checkpoint.load_run(averaged)
+    _, _, best = checkpoint.load_run(copy_of)
+    for (name, x), (_, y) in zip(
+        model.state_dict().items(), best.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), name  # the average of two copies of the best model
+    assert main(["average", str(tmp_path)]) == 2
+    assert "no checkpoints to average" in capsys.readouterr().err
+
+
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 

@@ -190,7 +190,9 @@ def test_without_the_repository_a_registry_name_is_one_line_saying_what_to_do(
     registry = tmp_path / "registry.yaml"
     registry.write_text("gone:\n  path: data/not-here\n")
     monkeypatch.setattr(data, "REGISTRY", registry)
-    with pytest.raises(Seq2SeqError, match="corpus 'gone' should be in .*not-here, which is missing"):
+    with pytest.raises(
+        Seq2SeqError, match="corpus 'gone' should be in .*not-here, which is missing"
+    ):
         load_corpus("gone", "de", "en")
 
 
@@ -371,3 +373,33 @@ def test_data_command_prints_and_saves_the_report(tmp_path, capsys):
     assert set(report["splits"]["validation"]["src_lengths"]) == {"p50", "p90", "p99", "max"}
     # Its batches are the trainer's: the same per-side token bound by default.
     assert report["batches"]["max_tokens_per_side"] == DataConfig().max_tokens
+
+
+def test_a_dataset_with_several_configurations_takes_one_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    folder = tmp_path / "hub_copy"  # the Hub's layout: configurations declared in README.md
+    for config, lang in (("de-en", "de"), ("fr-en", "fr")):
+        (folder / config).mkdir(parents=True)
+        for split, n in (("train", 20), ("validation", 3), ("test", 4)):
+            rows = [{"translation": {lang: f"{lang} {i}", "en": f"en {i}"}} for i in range(n)]
+            lines = "".join(json.dumps(r) + "\n" for r in rows)
+            (folder / config / f"{split}.jsonl").write_text(lines)
+    card = ["---", "configs:"]
+    for config in ("de-en", "fr-en"):
+        card += [f"- config_name: {config}", "  data_files:"]
+        card += [
+            f"  - split: {s}\n    path: {config}/{s}.jsonl" for s in ("train", "validation", "test")
+        ]
+    (folder / "README.md").write_text("\n".join([*card, "---", ""]))
+    corpus = load_corpus(f"{folder}:fr-en", "fr", "en")
+    assert sizes(corpus) == {"train": 20, "validation": 3, "test": 4}
+    assert ("fr 0", "en 0") in corpus.splits[
+        "train"
+    ] and "configuration fr-en" in corpus.source_description
+    with pytest.raises(
+        Seq2SeqError,
+        match=r"Config name is missing.*--data .*:CONFIG \(configurations: de-en, fr-en\)",
+    ):
+        load_corpus(str(folder), "de", "en")
+    assert data._split_configuration("wmt/wmt14:de-en") == ("wmt/wmt14", "de-en")
+    assert data._split_configuration("pairs.tsv") == ("pairs.tsv", None)

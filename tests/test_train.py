@@ -50,6 +50,8 @@ TINY = {
     "train.warmup_steps": 10,
     "train.lr": 0.003,
     "train.precision": "fp32",  # bf16 where the CPU has it changes the last digits compared
+    "train.keep_last": 0,  # no checkpoint averaging unless a test asks for it
+    "train.average_last": 0,
 }
 
 
@@ -379,3 +381,150 @@ def test_resume_keeps_the_recipe_and_takes_only_the_budgets(tmp_path):
     assert saved["train"]["max_steps"] == 5  # budget from the command line
     assert saved["train"]["label_smoothing"] == 0.2
     assert (saved["train"]["lr"], saved["train"]["seed"]) == (0.003, 1)  # recipe from the run
+
+
+def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, capsys):
+    from seq2seq.cli import main
+
+    run = tmp_path / "run"
+    budgets = ["train.max_time=30", "train.patience=3", "train.validate_every=50"]
+    first = ["train", "--out", str(run), "--max-steps", "2", "--no-progress"]
+    for item in tiny_overrides() + budgets:  # the tiny recipe sets train.threads=1
+        first += ["--set", item]
+    assert main(first) == 0
+    resumed = ["train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress"]
+    assert main([*resumed, "--set", "train.lr=0.5"]) == 0
+    saved = checkpoint.load_config_file(run).train
+    assert (saved.max_time, saved.patience, saved.validate_every) == (30, 3, 50)
+    assert (saved.max_steps, saved.threads, saved.lr) == (3, 1, 0.003)
+    err = capsys.readouterr().err
+    assert "note: --resume keeps the run's recipe; ignored: train.lr" in err
+
+
+def test_a_budget_stops_final_validation_does_not_count_toward_patience(tmp_path, monkeypatch):
+    from seq2seq import train as train_module
+
+    monkeypatch.setattr(train_module, "validation_bleu", lambda *args: 5.0)  # never improves
+    # Epochs of 11 batches: validations at the ends of epochs 0 and 1, then a budget stop
+    # at step 27 validates the state it ended on.
+    state = train(
+        tiny_config(train__max_steps=27, train__patience=5), tmp_path / "r", progress=False
+    )
+    assert [v["step"] for v in read_metrics(tmp_path / "r", "valid")] == [11, 22, 27]
+    assert state["bad_validations"] == 1  # step 22 only: step 11 set the reference
+
+
+def test_overwrite_removes_the_old_runs_scored_hypotheses(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=1), run, progress=False)
+    (run / "hyps.test.txt").write_text("old\n")
+    (run / "hyps.test.scores.json").write_text("{}")
+    train(tiny_config(train__max_steps=1), run, overwrite=True, progress=False)
+    assert not list(run.glob("hyps.*"))
+
+
+def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
+    import copy
+
+    from seq2seq.runtime import Runtime
+    from seq2seq.train import Trainer
+
+    config = tiny_config(model__dropout=0.0, train__accum_steps=2)
+    trainer = Trainer(config, tmp_path, Runtime(), False, False, False)
+    model0, optim0 = (
+        copy.deepcopy(trainer.model.state_dict()),
+        copy.deepcopy(trainer.optimizer.state_dict()),
+    )
+    first, second = list(range(0, 3)), list(range(3, 8))
+    loss_accum, n_accum = trainer.train_step([first, second])
+    accumulated = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.model.load_state_dict(model0)
+    trainer.optimizer.load_state_dict(optim0)
+    loss_one, n_one = trainer.train_step([first + second])
+    assert n_accum == n_one
+    assert loss_accum == pytest.approx(loss_one, rel=1e-6)
+    for name, value in trainer.model.state_dict().items():
+        if name.endswith("k_proj.bias"):
+            # Softmax ignores a shift shared by all keys, so this bias's true gradient is 0:
+            # what backward gives is rounding noise, which Adam scales up to a full step.
+            continue
+        torch.testing.assert_close(accumulated[name], value, rtol=1e-5, atol=1e-7, msg=name)
+    assert not torch.equal(
+        accumulated["src_embed.tokens.weight"], model0["src_embed.tokens.weight"]
+    )
+
+
+def test_learning_rate_warms_up_linearly_then_decays_as_one_over_root_step(tmp_path):
+    from seq2seq.optim import inverse_sqrt
+
+    factor = inverse_sqrt(10)
+    assert [factor(s) for s in (1, 5, 10)] == pytest.approx([0.1, 0.5, 1.0])
+    assert factor(40) == pytest.approx(0.5) and factor(1000) == pytest.approx(0.1)
+    assert inverse_sqrt(0)(4) == pytest.approx(0.5)  # no warmup: 1/sqrt(step) from step 1
+    train(tiny_config(train__max_steps=15), tmp_path / "run", progress=False)
+    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run", "train")}
+    for step, lr in logged.items():  # step N ran with the rate for step N (warmup 10, peak 3e-3)
+        assert lr == pytest.approx(0.003 * factor(step)), step
+
+
+def test_train_log_and_environment_record_the_run(tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=12), run, progress=False)
+    train(tiny_config(train__max_steps=13), run, resume=True, progress=False)
+    log = (run / "train.log").read_text()
+    assert log.count("stopped: max_steps") == 2  # appended across --resume
+    assert "valid loss" in log and "resuming at step 12" in log
+    environment = json.loads((run / "environment.json").read_text())
+    assert {"python", "torch", "sentencepiece", "sacrebleu", "seq2seq"} <= set(
+        environment["versions"]
+    )
+    assert environment["threads"] >= 1 and environment["cpu"]
+    assert environment["git_commit"] is None or len(environment["git_commit"]) == 40
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("cuda", "no CUDA device is available"),
+        ("cuda:1", "no CUDA device is available"),
+        ("mps", "MPS is not available here"),
+        ("tpu", "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'"),
+    ],
+)
+def test_an_unavailable_device_is_one_line(tmp_path, capsys, device, message):
+    from seq2seq.cli import main
+
+    if torch.cuda.is_available() and device.startswith("cuda"):
+        pytest.skip("this machine has CUDA")
+    args = ["train", "--out", str(tmp_path / "run"), "--device", device, "--max-steps", "1"]
+    assert main([*args, "--set", f"data.data={SAMPLE}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_device_auto_takes_cuda_then_mps_then_cpu(monkeypatch):
+    from seq2seq import runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(runtime, "_mps_available", lambda: True)
+    assert runtime.setup_runtime("auto").device.type == "mps"
+    monkeypatch.setattr(runtime, "_mps_available", lambda: False)
+    assert runtime.setup_runtime("auto").device == torch.device("cpu")
+    assert runtime.setup_runtime("cpu", threads=1).device == torch.device("cpu")
+
+
+def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(tmp_path):
+    run = tmp_path / "run"
+    config = tiny_config(
+        train__max_steps=40, train__validate_every=10, train__keep_last=3, train__average_last=3
+    )
+    state = train(config, run, progress=False)
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["step_20.safetensors", "step_30.safetensors", "step_40.safetensors"]
+    [average] = read_metrics(run, "average")
+    assert average["steps"] == [20, 30, 40]
+    _, best = checkpoint.read_tensors(run / checkpoint.BEST_FILE)
+    if average["kept"]:
+        assert best["averaged_steps"] == [20, 30, 40] and state["best_bleu"] == average["bleu"]
+    else:
+        assert "averaged_steps" not in best and state["best_bleu"] >= average["bleu"]

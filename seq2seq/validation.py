@@ -1,0 +1,81 @@
+"""Validation during training: loss, greedy BLEU, and the cross-attention of a few sentences."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import sacrebleu
+import torch
+from torch import nn
+
+from seq2seq.batching import batches_of, collate
+from seq2seq.config import Config, DecodeConfig
+from seq2seq.evaluate import bleu_tokenize
+from seq2seq.model import Seq2Seq
+from seq2seq.optim import sequence_loss
+from seq2seq.precision import autocast
+from seq2seq.translate import translate_ids
+from seq2seq.vocab import EOS_ID
+
+if TYPE_CHECKING:
+    from seq2seq.train import Prepared  # the trainer's encoded data
+
+
+@torch.inference_mode()
+def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, dtype) -> float:
+    total, tokens = 0.0, 0
+    for idx in batches_of(data.valid_src, data.valid_tgt, max_tokens):
+        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx]).to(
+            device
+        )
+        with autocast(device, dtype):
+            logits = model(batch.src, batch.tgt_in)
+        total += sequence_loss(logits, batch.tgt_out, 0.0).item()
+        tokens += batch.n_tgt_tokens
+    return total / max(tokens, 1)
+
+
+def validation_bleu(model: Seq2Seq, data: Prepared, config: Config, device, dtype) -> float:
+    """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs."""
+    n = min(config.train.valid_bleu_sentences, len(data.valid_src))
+    hyps = translate_ids(model, data.valid_src[:n], greedy(config), device=device, dtype=dtype)
+    text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
+    tokenize = bleu_tokenize(config.data.tgt)
+    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]], tokenize=tokenize).score
+
+
+def greedy(config: Config) -> DecodeConfig:
+    """The run's length rule with greedy search, the cache on and EOS allowed."""
+    return dataclasses.replace(config.decode, beam=1, nbest=1, ban_eos=False, use_cache=True)
+
+
+def save_attention_maps(
+    model: Seq2Seq, data: Prepared, config: Config, out_dir: Path, device
+) -> None:
+    """Cross-attention of a few fixed validation sentences: PNG grids plus the raw weights."""
+    from seq2seq.plotting import plot_attention, write_attention_json  # matplotlib only when used
+
+    tok, n = data.tokenizer, config.train.attention_sentences
+    hyps = translate_ids(
+        model, data.valid_src[:n], greedy(config), device=device, need_weights=True
+    )
+    for i, hyp in enumerate(hyps):
+        src_pieces = tok.pieces(data.valid_src[i] + [EOS_ID], "src")
+        tgt_ids = hyp.tokens + ([EOS_ID] if hyp.stop_reason == "eos" else [])
+        tgt_pieces = tok.pieces(tgt_ids, "tgt")
+        weights = hyp.attention.float().cpu().numpy()  # (L, H, Tq, Tk)
+        title = f"validation sentence {i}"
+        plot_attention(
+            weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.png", heads="all", title=title
+        )
+        write_attention_json(
+            weights,
+            src_pieces,
+            tgt_pieces,
+            out_dir / f"sentence_{i}.json",
+            translation=tok.decode(hyp.tokens, "tgt"),
+            stop_reason=hyp.stop_reason,
+            extra={"source": data.valid_sources[i]},
+        )
