@@ -159,17 +159,23 @@ class Translator:
                 )
                 ids[i] = ids[i][: self.max_src_len]
                 truncated.add(i)
-        found = translate_ids_nbest(
+        found = self._search([ids[i] for i in todo], decode, need_weights)
+        for i, hyps in zip(todo, found, strict=True):
+            results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
+        return results
+
+    def _search(
+        self, src_ids: list[list[int]], decode: DecodeConfig, need_weights: bool
+    ) -> list[list[Hypothesis]]:
+        """The search behind ``translate``; another engine (``seq2seq.export``) replaces it."""
+        return translate_ids_nbest(
             self.model,
-            [ids[i] for i in todo],
+            src_ids,
             decode,
             device=self.device,
             dtype=self.dtype,
             need_weights=need_weights,
         )
-        for i, hyps in zip(todo, found, strict=True):
-            results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
-        return results
 
     def translate_stream(
         self,
