@@ -500,6 +500,31 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plot",
+        help="draw the training curves of one or more runs into one figure",
+        description="Loss, validation BLEU (against steps and wall minutes) and learning rate "
+        "from each RUN_DIR/metrics.jsonl; several runs are overlaid, one colour each.",
+    )
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("curves.png"),
+        help="PNG, SVG or PDF file (default: %(default)s)",
+    )
+    p.set_defaults(run=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from seq2seq.curves import save_curves
+
+    print(f"saved {save_curves(args.run_dirs, args.output)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seq2seq",
@@ -508,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
-    commands = (_add_data, _add_train, _add_translate, _add_evaluate, _add_average)
+    commands = (_add_data, _add_train, _add_translate, _add_evaluate, _add_average, _add_plot)
     for add in (*commands, _add_attention, _add_serve):
         add(sub)
     return parser

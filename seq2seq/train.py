@@ -27,6 +27,7 @@ from seq2seq import checkpoint
 from seq2seq.batching import Batch, TokenBatchSampler, collate
 from seq2seq.config import Config
 from seq2seq.corpora import encode_pairs, load_corpus
+from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import build_model
@@ -386,6 +387,7 @@ class Trainer:
         ppl = math.exp(min(loss, 50))
         values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
         self.log.log("valid", s.step, {**values, "epoch": s.epoch, "elapsed_min": minutes})
+        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
         self.say(
             f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
             f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
