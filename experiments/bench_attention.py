@@ -6,7 +6,7 @@ Run it on an otherwise idle machine:
 
     python experiments/bench_attention.py [--rounds 15] [--threads 2] [--json out.json]
 
-Goals (issue 2): ours / torch <= 1.05 in every case (no weights); the weights path <= 1.5x
+Goals: ours / torch <= 1.05 in every case (no weights); the weights path <= 1.5x
 our fast path.
 """
 

@@ -41,8 +41,6 @@ from seq2seq.corpora import load_corpus  # noqa: E402
 from seq2seq.search import translate_batch  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-
 
 def marian_like(model_config, device: torch.device):
     """A randomly initialised ``MarianMTModel`` of the same size as ours."""
@@ -95,7 +93,9 @@ def main() -> int:
     parser.add_argument(
         "--run", type=Path, default=REPO_ROOT / "runs" / "de-en", help="run directory"
     )
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="corpus with a test split")
+    parser.add_argument(
+        "--data", default="multi30k", help="corpus with a test split (default: %(default)s)"
+    )
     parser.add_argument("--sentences", type=int, default=64)
     parser.add_argument("--lengths", default="32,64", help="forced output lengths, comma-separated")
     parser.add_argument("--beam", type=int, default=5)

@@ -2,17 +2,23 @@
 
 The scripts are run as ``python experiments/NAME/run.py``, so Python puts their own folder,
 not this one, on ``sys.path``; each inserts this folder first and then imports from here.
+
+Each experiment's ``README.md`` is its ``README.template.md`` (``str.format`` fields)
+filled from its ``results.json`` by the script's ``readme_values``, which computes the
+verdicts; a conclusion written by hand for those results lives in ``conclusion.md`` beside
+them. ``run.py --readme-only`` rewrites the README from those files without rerunning.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -25,6 +31,8 @@ from seq2seq.corpora import load_corpus
 from seq2seq.train import train
 
 DPI = 80
+TEMPLATE = "README.template.md"
+CONCLUSION = "conclusion.md"
 # --quick: tiny data and model; each script adds its own ``train.*`` settings.
 QUICK_MODEL = [
     "data.data=sample",
@@ -38,6 +46,36 @@ QUICK_MODEL = [
     "model.n_dec_layers=2",
     "model.max_positions=64",
 ]
+
+
+def add_output_args(p: argparse.ArgumentParser, quick_help: str) -> None:
+    """--quick, --out and --readme-only, which every experiment script takes."""
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    p.add_argument(
+        "--readme-only",
+        action="store_true",
+        help="rewrite README.md from the results.json (and conclusion.md) in --out; run nothing",
+    )
+
+
+def add_training_args(p: argparse.ArgumentParser, runs: str) -> None:
+    """--runs, --reuse, --jobs and --train-threads, for scripts that train their own models."""
+    p.add_argument(
+        "--runs", default=runs, help="where the models are trained (default: %(default)s)"
+    )
+    p.add_argument("--reuse", action="store_true", help="keep models already trained in --runs")
+    p.add_argument("--jobs", type=int, default=2, help="models trained at once (default: 2)")
+    p.add_argument(
+        "--train-threads",
+        type=int,
+        help="torch threads per model in training (default: the CPUs divided by --jobs)",
+    )
+
+
+def train_threads(args: argparse.Namespace) -> int:
+    """``--train-threads``, else the CPUs shared out among the ``--jobs`` trained at once."""
+    return args.train_threads or max(1, (os.cpu_count() or 1) // args.jobs)
 
 
 def output_dir(p: argparse.ArgumentParser, out: str | None, quick: bool, here: Path) -> Path:
@@ -114,14 +152,48 @@ def save_figure(fig: Figure, path: Path) -> None:
 
 
 def write_outputs(
+    here: Path,
     out: Path,
     results: dict,
-    readme: Callable[[dict], str],
+    readme_values: Callable[[dict], Mapping[str, object]],
     figures: str,
     indent: int | None = None,
 ) -> None:
-    """Write ``results.json`` and ``README.md`` (``readme(results)``) into ``out`` and say so;
-    ``figures`` names what else was written ("a figure", "figures")."""
+    """Write ``results.json`` and ``README.md`` into ``out`` and say so; ``figures`` names what
+    else was written ("a figure", "figures"). A ``conclusion.md`` there was written for the
+    results these replace, so it goes."""
     (out / "results.json").write_text(json.dumps(results, indent=indent) + "\n", encoding="utf-8")
-    (out / "README.md").write_text(readme(results), encoding="utf-8")
+    (out / CONCLUSION).unlink(missing_ok=True)
+    write_readme(here, out, readme_values)
     print(f"wrote {out}/README.md, results.json and {figures} in {results['wall_min']:.1f} min")
+
+
+def write_readme(
+    here: Path, out: Path, readme_values: Callable[[dict], Mapping[str, object]]
+) -> None:
+    """Write ``out/README.md``: see ``readme``."""
+    (out / "README.md").write_text(readme(here, out, readme_values), encoding="utf-8")
+
+
+def readme(here: Path, out: Path, readme_values: Callable[[dict], Mapping[str, object]]) -> str:
+    """The experiment in ``here``'s README for the results in ``out``: its template filled
+    with the fields of ``out/results.json``, the values ``readme_values`` computes from them
+    (tables, verdicts), and the conclusion: ``out/conclusion.md`` if someone wrote one for
+    these results, else a note that it is still to be written.
+
+    The results are read back from the file, so a README written after a run and one
+    rewritten later from ``results.json`` alone are the same bytes."""
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    written = out / CONCLUSION
+    if written.is_file():
+        conclusion = {
+            "conclusion_note": "written by hand from this run's numbers; a rerun resets this section",
+            "conclusion": written.read_text(encoding="utf-8").strip(),
+        }
+    else:
+        conclusion = {
+            "conclusion_note": f"to be written by hand from the numbers above, in {CONCLUSION}",
+            "conclusion": "_To be completed after the full run._",
+        }
+    template = (here / TEMPLATE).read_text(encoding="utf-8")
+    return template.format_map({**results, **conclusion, **readme_values(results)})

@@ -1,13 +1,16 @@
 """Every experiment script runs end to end in ``--quick`` mode (tiny models on data/sample),
 so the scripts cannot rot between full runs. The four run at once, one torch thread each,
-and each writes its README, results and figures into a temporary folder."""
+and each writes its README, results and figures into a temporary folder. Each committed
+README is its template filled from the committed results, so neither can drift."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from matplotlib.image import imread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +49,19 @@ def test_experiments_run_in_quick_mode(tmp_path):
         for figure in figures:
             assert imread(figure).ndim == 3
         assert _readme_bytes(name) == committed[name], f"--quick touched {name}/README.md"
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_committed_readme_is_its_template_filled_from_results(name):
+    here = REPO / "experiments" / name
+    spec = importlib.util.spec_from_file_location(f"experiment_{name}", here / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)  # puts experiments/ on sys.path, so common imports
+    from common import readme
+
+    assert readme(here, here, run.readme_values) == (here / "README.md").read_text(
+        encoding="utf-8"
+    ), f"{name}/README.md differs from its template: run.py --readme-only rewrites it"
 
 
 def _readme_bytes(name: str) -> bytes | None:

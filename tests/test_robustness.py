@@ -1,4 +1,4 @@
-"""Faults, hostile files and bad input (issue 8): never lose work, never run code, never crash
+"""Faults, hostile files and bad input: never lose work, never run code, never crash
 with a traceback.
 
 Short versions of each check run here on a tiny model trained once per module; the long

@@ -1,7 +1,8 @@
-"""Attention is not explanation: what cross-attention maps do and do not tell (issue 7, part 2).
+"""Attention is not explanation: what cross-attention maps do and do not tell.
 
 Two models trained from ``config.yaml`` with different seeds (the same recipe and time
-budget, trained at once, one torch thread each) are compared on the test split:
+budget, trained at once, ``--train-threads`` torch threads each) are compared on the test
+split:
 
 1. test BLEU (greedy) of each seed;
 2. their cross-attention maps for the same sentences, teacher-forced on the reference so
@@ -16,11 +17,14 @@ budget, trained at once, one torch thread each) are compared on the test split:
    the token's probability most.
 
     python experiments/attention_not_explanation/run.py [--seeds 1 2] [--reuse] [--quick --out DIR]
+    python experiments/attention_not_explanation/run.py --readme-only
 
 A full run trains into ``runs/experiments/attention_not_explanation/seed*`` (replacing
 earlier runs there unless ``--reuse``) and writes ``results.json``, the figures and
-``README.md`` into this folder. ``--quick`` trains tiny models on ``data/sample`` for a few
-seconds and writes into ``--out``: a smoke test of the code, not of the claims.
+``README.md`` (from ``README.template.md``) into this folder. ``--quick`` trains tiny models
+on ``data/sample`` for a few seconds and writes into ``--out``: a smoke test of the code,
+not of the claims. ``--readme-only`` rewrites ``README.md`` from ``results.json`` and
+``conclusion.md``.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, fo
 from common import (  # noqa: E402
     DPI,
     QUICK_MODEL,
+    add_output_args,
+    add_training_args,
     budget,
     command,
     load_pairs,
@@ -58,8 +64,10 @@ from common import (  # noqa: E402
     output_dir,
     save_figure,
     train_all,
+    train_threads,
     training_summary,
     write_outputs,
+    write_readme,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -78,23 +86,17 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(HERE / "config.yaml"), help="training recipe (YAML)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one model per seed")
-    p.add_argument(
-        "--runs",
-        default="runs/experiments/attention_not_explanation",
-        help="where the models are trained (default: %(default)s)",
-    )
-    p.add_argument("--reuse", action="store_true", help="keep models already trained in --runs")
-    p.add_argument("--jobs", type=int, default=2, help="models trained at once (default: 2)")
+    add_training_args(p, "runs/experiments/attention_not_explanation")
     p.add_argument("--max-sentences", type=int, default=None, help="test sentences (default: all)")
     p.add_argument("--example", type=int, default=0, help="test sentence drawn as maps")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the analysis")
-    p.add_argument("--quick", action="store_true", help="tiny models and data; seconds")
-    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    add_output_args(p, "tiny models and data; seconds")
     args = p.parse_args()
     if len(set(args.seeds)) < 2:
         p.error("--seeds needs at least two different seeds")
     if args.quick:
-        args.threads = 1
+        args.threads, args.train_threads = 1, 1
+    args.train_threads = train_threads(args)
     args.out = output_dir(p, args.out, args.quick, HERE)
     if args.quick:
         args.runs = str(args.out / "runs")
@@ -330,8 +332,10 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def readme(r: dict) -> str:
-    seeds = r["seeds"]
+def readme_values(r: dict) -> dict[str, object]:
+    """The tables and verdicts of ``README.template.md``, computed from the results ``r``
+    (read back from JSON, so the per-seed results are keyed by the seed as a string)."""
+    seeds = [str(s) for s in r["seeds"]]
     a, b = seeds[0], seeds[1]
     train_rows = "\n".join(
         f"| {s} | {r['training'][s]['steps']} | {r['training'][s]['minutes']:.1f} "
@@ -377,116 +381,34 @@ def readme(r: dict) -> str:
         )
     )
     seed_cols = " | ".join(f"seed {s}" for s in seeds)
-    return f"""# Attention is not explanation
-
-Issue 7, part 2. A cross-attention map says how much each decoder position read from each
-source position. It is tempting to read it as *why* the model produced a token. Three
-tests of that reading on small de→en Multi30k models, all on the test split
-({r["sentences"]} sentences):
-
-1. **Seeds.** Train the same recipe (`config.yaml`, {r["budget"]}) with different seeds.
-   If the models translate about equally well but attend differently, a map describes
-   one model's route, not the translation's reasons.
-2. **Counterfactual weights.** Replace a layer's cross-attention weights at inference by
-   uniform weights (1/S_i on every source position) or by a random permutation of each
-   row (same weights, other positions), and see how often the greedy output changes.
-3. **Attention against sensitivity.** For each output token, teacher-forced on the
-   model's own greedy output, compare the source position with the highest attention
-   weight to the position whose masking (key padding mask False in every cross-attention
-   layer, nothing else changed) changes that token's probability most.
-
-## 1. Two seeds: BLEU and maps
-
-| seed | steps | minutes | best valid BLEU | test BLEU (greedy) |
-|---|---|---|---|---|
-{train_rows}
-
-{within}
-
-Maps: teacher-forced on the reference (`force_decode`), so both models' maps have the
-same shape; per layer, the mean over heads; "mean" is the mean over layers too. JSD in
-bits per row (0 = identical, 1 = disjoint), averaged over all rows of all sentences;
-JSD to uniform gives the scale (how far from flat each model's rows are). Argmax
-agreement: share of rows where both models' most-attended source position is the same;
-chance: the mean of 1/S_i over rows.
-
-| layer | JSD seed {a} vs {b} | JSD seed {a} vs uniform | JSD seed {b} vs uniform | argmax agreement | chance |
-|---|---|---|---|---|---|
-{map_rows}
-
-Example (test sentence {r["example"]}), mean over heads per layer:
-
-![seed {a}](maps_seed{a}.png)
-![seed {b}](maps_seed{b}.png)
-
-## 2. Counterfactual weights
-
-Share of the {r["sentences"]} greedy outputs that differ from the unmodified model's, and the
-BLEU after the replacement (drop = unmodified minus replaced). Permutations are random per
-row and head, seeded.
-
-| seed | layers replaced | weights | outputs changed | BLEU | BLEU drop |
-|---|---|---|---|---|---|
-{cf_rows}
-
-{control}
-
-![counterfactual](counterfactual.png)
-
-## 3. Attention against sensitivity
-
-Agreement of the most-attended source position with the most influential one (largest
-absolute change of the token's probability when that position is masked), over every
-output token including EOS; "all / without EOS": over all source positions, and with the
-source EOS left out of both argmaxes. Chance = mean of 1/S_i (1/(S_i − 1) without EOS).
-
-| layer | {seed_cols} | chance |
-|---|{"---|" * len(seeds)}---|
-{sens_rows}
-
-## What the numbers can and cannot show
-
-- Different maps at similar BLEU show that the maps are not determined by the task: at
-  most one of two different maps can be "the" alignment. They do not show that either
-  map is irrelevant to its own model; section 2 tests that.
-- An output that survives uniform or permuted weights in a layer did not depend on that
-  layer's particular weights; one that changes did, but the change says nothing about
-  whether the weights were *faithful* (pointing at the position that mattered).
-  Replacing weights also feeds the layers above inputs they never saw in training, so a
-  large drop is partly a distribution shift.
-- The sensitivity test is one probe among many (masking one position at a time misses
-  redundancy: two positions that each suffice look unimportant alone); agreement far
-  above chance says attention and influence often coincide, agreement near chance that
-  the argmax of attention is a poor guide to influence for that layer.
-- Two seeds, one small model, one data set, short training: differences between seeds
-  may shrink or grow with longer training.
-
-## Conclusion (lead: complete after the full run, from the numbers above)
-
-_To be completed after the full run._
-
-## Reproduce
-
-```
-{r["command"]}
-```
-
-Wall time: {r["wall_min"]:.1f} min (training {r["train_min"]:.1f} min, {r["jobs"]} models at a
-time with 1 torch thread each; analysis on {r["threads"]} thread(s)). Models in `{r["runs"]}`.
-Raw numbers: `results.json`.
-"""
+    return {
+        "a": a,
+        "b": b,
+        "train_rows": train_rows,
+        "within": within,
+        "map_rows": map_rows,
+        "cf_rows": cf_rows,
+        "control": control,
+        "seed_cols": seed_cols,
+        "seed_separators": "---|" * len(seeds),
+        "sens_rows": sens_rows,
+    }
 
 
 def main() -> int:
     args = parse_args()
+    if args.readme_only:
+        write_readme(HERE, args.out, readme_values)
+        return 0
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = Path(args.runs)
-    base = load_config(args.config, QUICK if args.quick else [])
-    configs = {}
-    for seed in args.seeds:
-        config = load_config(args.config, [*(QUICK if args.quick else []), f"train.seed={seed}"])
-        configs[f"seed{seed}"] = config
+    base_sets = [*(QUICK if args.quick else []), f"train.threads={args.train_threads}"]
+    base = load_config(args.config, base_sets)
+    configs = {
+        f"seed{seed}": load_config(args.config, [*base_sets, f"train.seed={seed}"])
+        for seed in args.seeds
+    }
     train_all(configs, runs, args.reuse, args.jobs)
     train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
@@ -549,11 +471,12 @@ def main() -> int:
         command=command(),
         runs=str(runs),
         jobs=args.jobs,
+        train_threads=args.train_threads,
         threads=args.threads,
         train_min=train_min,
         wall_min=minutes_since(started),
     )
-    write_outputs(args.out, results, readme, "figures", indent=1)
+    write_outputs(HERE, args.out, results, readme_values, "figures", indent=1)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Decoding with and without the KV cache, against output length (issue 7, part 4).
+"""Decoding with and without the KV cache, against output length.
 
 A random-init model of the default size (``ModelConfig()``: d_model 256, 8 heads, 3 + 3
 layers, 8000 subwords) decodes a batch of random source sentences greedily with EOS
@@ -13,8 +13,11 @@ training is needed. Two measurements:
   ish with the cache, growing with the prefix without.
 
     python experiments/kv_cache/run.py [--threads 2] [--quick --out DIR]
+    python experiments/kv_cache/run.py --readme-only
 
-A full run writes ``results.json``, ``README.md`` and a figure into this folder.
+A full run writes ``results.json``, ``README.md`` (from ``README.template.md``) and a figure
+into this folder; ``--readme-only`` rewrites ``README.md`` from ``results.json`` and
+``conclusion.md``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,15 @@ from seq2seq.search import greedy_search
 from seq2seq.vocab import BOS_ID, EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
-from common import command, minutes_since, output_dir, save_figure, write_outputs  # noqa: E402
+from common import (  # noqa: E402
+    add_output_args,
+    command,
+    minutes_since,
+    output_dir,
+    save_figure,
+    write_outputs,
+    write_readme,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -52,8 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--src-len", type=int, default=24, help="source length (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (default: %(default)s)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="tiny model and lengths; seconds")
-    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    add_output_args(p, "tiny model and lengths; seconds")
     args = p.parse_args()
     if args.quick:
         args.threads, args.lengths, args.batch, args.src_len, args.rounds = 1, [4, 8, 16], 4, 6, 1
@@ -154,72 +164,37 @@ def plot(rows: list[dict], steps: dict[str, list[float]], path: Path) -> None:
     save_figure(fig, path)
 
 
-def readme(r: dict) -> str:
+def readme_values(r: dict) -> dict[str, object]:
+    """The table, ratios and verdict of ``README.template.md``, computed from the results ``r``."""
+    rows = r["rows"]
     table = "\n".join(
         f"| {x['length']} | {x['cached_s']:.3f} | {x['uncached_s']:.3f} "
         f"| {x['uncached_s'] / x['cached_s']:.1f}× | {1000 * x['cached_s'] / x['length']:.2f} "
         f"| {1000 * x['uncached_s'] / x['length']:.2f} | {'yes' if x['same_tokens'] else '**no**'} |"
-        for x in r["rows"]
+        for x in rows
     )
-    rows = r["rows"]
     first, last = rows[0], rows[-1]
-    scale = last["length"] / first["length"]
-    g = r["growth"]
-    same = all(x["same_tokens"] for x in rows)
-    return f"""# The KV cache: decoding time against output length
-
-Issue 7, part 4. Without a cache, step n of greedy decoding runs the decoder over the
-whole prefix of n positions again (self-attention, cross-attention, feed-forward and the
-output layer for every position), so a step costs O(n) and T steps O(T²). With the cache,
-the keys and values of earlier positions are kept, step n computes only the new position,
-and reads the n cached keys/values: the per-step cost is nearly constant at these
-lengths (the attention read grows with n, but it is small next to the projections).
-
-Model: **random init, default size** ({r["model"]}), eval mode, fp32 on CPU, {r["threads"]}
-torch thread(s). Batch {r["batch"]} random source sentences of {r["src_len"]} subwords, greedy
-search with EOS banned (every output exactly the requested length); median of
-{r["rounds"]} interleaved rounds. Random weights change no shape, so the times are those of a
-trained model of this size.
-
-| output tokens | with cache (s) | without (s) | ratio | with cache, ms/token | without, ms/token | same tokens |
-|---|---|---|---|---|---|---|
-{table}
-
-From {first["length"]} to {last["length"]} tokens ({scale:.0f}× longer), the total time grows
-{last["cached_s"] / first["cached_s"]:.1f}× with the cache and {last["uncached_s"] / first["uncached_s"]:.1f}× without.
-{"Cached and uncached decoding gave the same tokens at every length." if same else "**Cached and uncached decoding gave different tokens at some length: check the cache.**"}
-
-Per-step times of one decoding of {last["length"]} tokens (right panel): the mean of the last
-tenth of the steps over the first tenth is {g["with cache"]:.2f} with the cache and
-{g["without cache"]:.2f} without.
-
-![kv_cache](kv_cache.png)
-
-## What the numbers can and cannot show
-
-- The shape of the growth (near-linear total time with the cache, near-quadratic
-  without) is the point; the absolute times belong to this CPU, thread count and model
-  size.
-- Per-step times on a shared CPU are noisy; the totals are medians of several rounds.
-- Memory is not measured here: the cache holds 2·L·G·Dh numbers per token and sentence
-  (see `experiments/kv_heads`), which is what buys the speed.
-
-## Conclusion (lead: check against the numbers above)
-
-_To be completed after the full run._
-
-## Reproduce
-
-```
-{r["command"]}
-```
-
-Wall time: {r["wall_min"]:.1f} min. Raw numbers: `results.json`.
-"""
+    same = (
+        "Cached and uncached decoding gave the same tokens at every length."
+        if all(x["same_tokens"] for x in rows)
+        else "**Cached and uncached decoding gave different tokens at some length: check the cache.**"
+    )
+    return {
+        "table": table,
+        "first": first["length"],
+        "last": last["length"],
+        "scale": last["length"] / first["length"],
+        "cached_growth": last["cached_s"] / first["cached_s"],
+        "uncached_growth": last["uncached_s"] / first["uncached_s"],
+        "same": same,
+    }
 
 
 def main() -> int:
     args = parse_args()
+    if args.readme_only:
+        write_readme(HERE, args.out, readme_values)
+        return 0
     torch.set_num_threads(args.threads)
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -251,7 +226,7 @@ def main() -> int:
         "command": command(),
         "wall_min": minutes_since(started),
     }
-    write_outputs(args.out, results, readme, "a figure")
+    write_outputs(HERE, args.out, results, readme_values, "a figure")
     return 0
 
 

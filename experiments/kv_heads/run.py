@@ -1,8 +1,8 @@
-"""MHA, GQA, MQA and MLA under one training budget: size, KV cache, speed, BLEU (issue 7, part 3).
+"""MHA, GQA, MQA and MLA under one training budget: size, KV cache, speed, BLEU.
 
 The same small model (``config.yaml``) is trained once per attention variant
 (``variants.yaml``: g = 8 key/value heads, g = 2, g = 1, and the MLA-style latent cache),
-two at a time with one torch thread each. Then, per variant:
+``--jobs`` at a time with ``--train-threads`` torch threads each. Then, per variant:
 
 - parameters;
 - decoder self-attention KV cache per generated token and sentence: the formula
@@ -12,12 +12,14 @@ two at a time with one torch thread each. Then, per variant:
   interleaved rounds;
 - greedy BLEU on the test split.
 
-    python experiments/kv_heads/run.py [--reuse] [--quick --out DIR]
+    python experiments/kv_heads/run.py [--reuse] [--train-threads N] [--quick --out DIR]
+    python experiments/kv_heads/run.py --readme-only
 
 A full run trains into ``runs/experiments/kv_heads/VARIANT`` (replacing earlier runs there
-unless ``--reuse``) and writes ``results.json``, ``README.md`` and a figure into this
-folder. ``--quick`` trains tiny models on ``data/sample`` for a few seconds and writes into
-``--out``: a smoke test of the code, not of the claims.
+unless ``--reuse``) and writes ``results.json``, ``README.md`` (from ``README.template.md``)
+and a figure into this folder. ``--quick`` trains tiny models on ``data/sample`` for a few
+seconds and writes into ``--out``: a smoke test of the code, not of the claims.
+``--readme-only`` rewrites ``README.md`` from ``results.json`` and ``conclusion.md``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from seq2seq.vocab import BOS_ID
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402
     QUICK_MODEL,
+    add_output_args,
+    add_training_args,
     budget,
     command,
     load_pairs,
@@ -51,8 +55,10 @@ from common import (  # noqa: E402
     output_dir,
     save_figure,
     train_all,
+    train_threads,
     training_summary,
     write_outputs,
+    write_readme,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -69,22 +75,16 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(HERE / "config.yaml"), help="shared recipe (YAML)")
     p.add_argument("--variants", default=str(HERE / "variants.yaml"), help="variants (YAML)")
-    p.add_argument(
-        "--runs",
-        default="runs/experiments/kv_heads",
-        help="where the models are trained (default: %(default)s)",
-    )
-    p.add_argument("--reuse", action="store_true", help="keep models already trained in --runs")
-    p.add_argument("--jobs", type=int, default=2, help="models trained at once (default: 2)")
+    add_training_args(p, "runs/experiments/kv_heads")
     p.add_argument("--batch", type=int, default=64, help="sentences per speed test batch")
     p.add_argument("--steps", type=int, default=128, help="output tokens in the speed test")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds per variant")
     p.add_argument("--threads", type=int, default=2, help="torch threads for evaluation and timing")
-    p.add_argument("--quick", action="store_true", help="tiny models and data; seconds")
-    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    add_output_args(p, "tiny models and data; seconds")
     args = p.parse_args()
     if args.quick:
-        args.threads, args.batch, args.steps, args.rounds = 1, 4, 16, 1
+        args.threads, args.train_threads, args.batch, args.steps, args.rounds = 1, 1, 4, 16, 1
+    args.train_threads = train_threads(args)
     args.out = output_dir(p, args.out, args.quick, HERE)
     if args.quick:
         args.runs = str(args.out / "runs")
@@ -148,7 +148,8 @@ def plot(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
-def readme(r: dict) -> str:
+def readme_values(r: dict) -> dict[str, str]:
+    """The table and verdicts of ``README.template.md``, computed from the results ``r``."""
     rows = r["rows"]
     table = "\n".join(
         f"| {x['variant']} | {x['g']} | {x['d_latent'] or '-'} | {x['parameters']:,} "
@@ -171,74 +172,22 @@ def readme(r: dict) -> str:
         f"{x['test_bleu'] - base['test_bleu']:+.2f} BLEU"
         for x in rows[1:]
     )
-    return f"""# MHA, GQA, MQA and MLA: cache, speed and quality under one budget
-
-Issue 7, part 3. The decoder's KV cache grows by one entry per generated token and layer.
-With g key/value heads of width Dh, each entry holds a key and a value per head:
-2·g·Dh numbers per layer, so 2·L·g·Dh·bytes per generated token and sentence. MHA has g =
-H, GQA 1 < g < H (query heads share key/value heads in groups), MQA g = 1. The MLA-style
-variant (`model.d_latent`, simplified from DeepSeek-V2 for absolute positions) caches one
-latent vector of d_latent numbers per token and layer and up-projects K and V from it.
-Here it applies to self-attention only; its cross-attention stays MHA.
-
-Every variant trains the same recipe (`config.yaml` + one line of `variants.yaml`) for the
-same wall-clock budget ({r["budget"]}, {r["jobs"]} at a time, 1 torch thread each), so a
-faster variant also gets more steps: BLEU compares recipes under a budget, not the
-architectures at convergence.
-
-## Results
-
-Test split: {r["sentences"]} sentences. Speed: greedy search, batch {r["batch"]}, EOS banned,
-{r["steps"]} output tokens per sentence, median of {r["rounds"]} interleaved rounds on
-{r["threads"]} torch thread(s), fp32 on CPU. Cache: measured with `DecoderCache.size()` after
-{r["cache_steps"]} steps of batch {r["cache_batch"]}; cross-attention per source position and
-sentence, computed once per sentence.
-
-| variant | g | d_latent | parameters | self-attn cache formula (B/token) | measured | cross-attn cache formula (B/source token) | measured | decode tokens/s | test BLEU | train steps | best valid BLEU |
-|---|---|---|---|---|---|---|---|---|---|---|---|
-{table}
-
-{check}
-
-Against {base["variant"]}: {ratios}.
-
-![kv_heads](kv_heads.png)
-
-## What the numbers can and cannot show
-
-- The cache sizes are exact bookkeeping: what the formula predicts is what the cache
-  holds. They scale with batch and output length; the per-token numbers do not.
-- Speed on a CPU at this model size is dominated by the matmuls of the projections and
-  the feed-forward, not by reading the cache, so a smaller cache need not mean faster
-  decoding here; on accelerators at long contexts and large batches, where decoding is
-  bound by memory bandwidth, the cache matters more. MLA's up-projection of the whole
-  cached latent at every step costs extra compute in this simple implementation.
-- BLEU after a few minutes of training on one seed says little about differences of a
-  point or two; only a clear gap would be worth reporting.
-
-## Conclusion (lead: complete after the full run, from the numbers above)
-
-_To be completed after the full run._
-
-## Reproduce
-
-```
-{r["command"]}
-```
-
-Wall time: {r["wall_min"]:.1f} min (training {r["train_min"]:.1f} min). Models in `{r["runs"]}`.
-Raw numbers: `results.json`.
-"""
+    return {"table": table, "check": check, "base": base["variant"], "ratios": ratios}
 
 
 def main() -> int:
     args = parse_args()
+    if args.readme_only:
+        write_readme(HERE, args.out, readme_values)
+        return 0
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     runs = Path(args.runs)
     variants = yaml.safe_load(Path(args.variants).read_text(encoding="utf-8"))
-    quick = QUICK if args.quick else []
-    configs = {name: load_config(args.config, [*quick, *sets]) for name, sets in variants.items()}
+    base_sets = [*(QUICK if args.quick else []), f"train.threads={args.train_threads}"]
+    configs = {
+        name: load_config(args.config, [*base_sets, *sets]) for name, sets in variants.items()
+    }
     train_all(configs, runs, args.reuse, args.jobs)
     train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
@@ -285,6 +234,7 @@ def main() -> int:
         "rounds": args.rounds,
         "threads": args.threads,
         "jobs": args.jobs,
+        "train_threads": args.train_threads,
         "cache_batch": cache_batch,
         "cache_steps": cache_steps,
         "budget": budget(t),
@@ -293,7 +243,7 @@ def main() -> int:
         "train_min": train_min,
         "wall_min": minutes_since(started),
     }
-    write_outputs(args.out, results, readme, "a figure", indent=1)
+    write_outputs(HERE, args.out, results, readme_values, "a figure", indent=1)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Output length comes from decoding and its stop rule, not from attention (issue 7, part 1).
+"""Output length comes from decoding and its stop rule, not from attention.
 
 With a trained run (default ``runs/de-en``) on its test split:
 
@@ -10,10 +10,12 @@ With a trained run (default ``runs/de-en``) on its test split:
    to ``max_len``).
 
     python experiments/length_from_decoding/run.py [--run runs/de-en] [--quick --out DIR]
+    python experiments/length_from_decoding/run.py --readme-only
 
-A full run writes ``results.json``, the figures and ``README.md`` into this folder.
-``--quick`` trains a tiny model on ``data/sample`` for a few seconds and writes into
-``--out`` (a temporary folder by default): a smoke test of the code, not of the claims.
+A full run writes ``results.json``, the figures and ``README.md`` (from
+``README.template.md``) into this folder. ``--quick`` trains a tiny model on ``data/sample``
+for a few seconds and writes into ``--out`` (a temporary folder by default): a smoke test of
+the code, not of the claims. ``--readme-only`` rewrites ``README.md`` from ``results.json``.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from seq2seq.vocab import EOS_ID
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402
     QUICK_MODEL,
+    add_output_args,
     command,
     load_pairs,
     minutes_since,
     output_dir,
     save_figure,
     write_outputs,
+    write_readme,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -68,8 +72,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--split", default="test", help="corpus split to decode (default: %(default)s)")
     p.add_argument("--example", type=int, default=0, help="sentence index for the P(EOS) trace")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="tiny model and data; seconds")
-    p.add_argument("--out", help="output folder (default: this folder; --quick: a temp folder)")
+    add_output_args(p, "tiny model and data; seconds")
     args = p.parse_args()
     if args.quick:
         args.threads = 1
@@ -308,8 +311,10 @@ def pct(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}%" if n else "n/a"
 
 
-def readme(r: dict) -> str:
-    s, a, b = r["lengths"], r["decode_a"], r["decode_b"]
+def readme_values(r: dict) -> dict[str, str]:
+    """The tables, verdicts and conclusion of ``README.template.md``, computed from the
+    results ``r``."""
+    s = r["lengths"]
     shape_rows = "\n".join(
         f"| {x['queries']} | {x['keys']} | {x['weights']} | {x['output']} |" for x in r["shapes"]
     )
@@ -365,95 +370,22 @@ def readme(r: dict) -> str:
         )
     else:
         conclusion = "**The numbers above break at least one of the claims; see the bold lines.**"
-    return f"""# Output length comes from decoding, not from attention
-
-Issue 7, part 1. Cross-attention maps a decoder position (a query) to a mix of source
-positions (keys); it returns one row per query, whatever the number of keys. How many
-queries there are (how long the output gets) is decided outside attention, by the
-decoding loop: it adds one position per step and stops when the model emits EOS or when
-the output reaches `max_len = a·S + b` tokens (`seq2seq.search.max_output_length`, S =
-source subwords including the source EOS).
-
-Run: `{r["run"]}`, split `{r["split"]}` ({s["sentences"]} sentences), greedy search.
-Decoding default of the run: a = {a}, b = {b}.
-
-## 1. Shapes: the output follows the queries
-
-One call of the trained model's first cross-attention layer on random inputs:
-
-| queries Tq | keys Tk | weights (B, H, Tq, Tk) | output (B, Tq, D) |
-|---|---|---|---|
-{shape_rows}
-
-## 2. Output lengths on the test set
-
-![lengths](lengths.png)
-
-Stopped at EOS: {100 * s["stop_shares"]["eos"]:.1f}%, at max_len: {100 * s["stop_shares"]["max_len"]:.1f}%.
-Output/reference length in subwords, per sentence: mean {s["ratio_mean"]:.3f}, median
-{s["ratio_median"]:.3f}. Corpus BLEU {r["bleu"]:.2f}; sacreBLEU's word length ratio
-(hypothesis / reference) {r["bleu_length_ratio"]:.3f}.
-
-## 3. Moving the limit moves only the outputs it cuts
-
-Normal greedy decoding under each setting, compared with the roomiest one
-({r["limits"][-1]["a"]}·S+{r["limits"][-1]["b"]}); then the same with EOS banned.
-
-| max_len | stopped at EOS | cut at max_len | EOS-stopped identical to roomiest | cut: exactly max_len | cut: prefix of roomiest | outputs changed vs roomiest | EOS banned: length = max_len | EOS banned: starts with the EOS-stopped output |
-|---|---|---|---|---|---|---|---|---|
-{limit_rows}
-
-![limits](max_len.png)
-
-{" ".join(verdict)}
-
-## 4. One sentence, step by step
-
-Sentence {t["index"]}: `{t["source"]}`
-Output: `{t["text"]}` (stop: {t["stop_reason"]}, max_len {t["max_len"]}).
-Reference: `{t["reference"]}`
-
-P(EOS) is the model's probability of EOS at each step (`greedy_search(...,
-need_eos_trace=True)`); the loop stops at the first step where EOS is the most likely
-token. The grey line repeats the decoding with EOS banned, which runs on to max_len.
-
-![trace](eos_trace.png)
-
-| step | token emitted | P(EOS) |
-|---|---|---|
-{trace_rows}
-
-## What this shows and what it does not
-
-- The shapes (section 1) follow from the definition: the weights are Tq×Tk and the
-  output has Tq rows. Attention cannot add or remove output positions; the loop does.
-- Sections 3 and 4 show the stop rule at work on this model: outputs that ended at EOS
-  do not depend on the limit (as long as the limit leaves room for them), outputs cut by
-  the limit are the ones that change, and with EOS banned the length is the formula.
-- It does **not** show that attention plays no part in *when* EOS is chosen: P(EOS) is
-  computed by the decoder, cross-attention included, so what the model has read of the
-  source can and presumably does shape it. The claim is about where the length is
-  decided (the loop's stop rule, on the model's EOS probability), not about which
-  features the model uses to predict EOS.
-- One model, one test set, greedy search only; beam search adds a length penalty that
-  changes which finished hypothesis wins.
-
-## Conclusion
-
-{conclusion}
-
-## Reproduce
-
-```
-{r["command"]}
-```
-
-Wall time: {r["wall_min"]:.1f} min on {r["threads"]} torch thread(s). Raw numbers: `results.json`.
-"""
+    roomiest = r["limits"][-1]
+    return {
+        "shape_rows": shape_rows,
+        "limit_rows": limit_rows,
+        "roomiest": f"{roomiest['a']}·S+{roomiest['b']}",
+        "verdict": " ".join(verdict),
+        "trace_rows": trace_rows,
+        "conclusion": conclusion,
+    }
 
 
 def main() -> int:
     args = parse_args()
+    if args.readme_only:
+        write_readme(HERE, args.out, readme_values)
+        return 0
     torch.set_num_threads(args.threads)
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -509,7 +441,7 @@ def main() -> int:
         "command": command(),
         "wall_min": minutes_since(started),
     }
-    write_outputs(args.out, results, readme, "figures")
+    write_outputs(HERE, args.out, results, readme_values, "figures")
     return 0
 
 
