@@ -352,6 +352,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
 def _decode_overrides(args: argparse.Namespace) -> dict:
@@ -407,15 +408,22 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         help="per sentence on stderr: source/output lengths, stop reason, cross-attention shapes",
     )
     _add_search_args(p)
+    p.add_argument(
+        "--engine",
+        choices=("torch", "ctranslate2"),
+        default="torch",
+        help="ctranslate2: RUN_DIR is a 'seq2seq export' directory (default: %(default)s)",
+    )
     p.set_defaults(run=_run_translate)
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from seq2seq.translate import Translator, translate_files
+    from seq2seq.export import open_translator
+    from seq2seq.translate import translate_files
 
     if args.text and args.input:
         raise Seq2SeqError("give sentences as arguments or -i FILE, not both")
-    translator = Translator.from_run(args.run_dir, args.device)
+    translator = open_translator(args.run_dir, args.device, args.engine)
     decode = translator.config.decode.with_overrides(**_decode_overrides(args))
     translate_files(
         translator,
@@ -424,6 +432,7 @@ def _run_translate(args: argparse.Namespace) -> int:
         input_path=args.input,
         output_path=args.output,
         verbose=args.verbose,
+        progress=not args.no_progress,
     )
     return 0
 
@@ -470,6 +479,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         tokenize=args.tokenize,
         device=args.device,
         hyp_file=args.output,
+        progress=not args.no_progress,
     )
     print(format_report(report))
     return 0
@@ -525,6 +535,34 @@ def _run_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a run's model for a fast inference engine (CTranslate2)",
+        description="Write RUN_DIR's model, tokenizer and config into a new directory that "
+        "'seq2seq translate --engine ctranslate2 DIR' (or ctranslate2.Translator) loads. "
+        "GQA/MQA (model.n_kv_heads) and MLA (model.d_latent) models are refused.",
+    )
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    p.add_argument("-o", "--output", type=Path, required=True, help="a new or empty directory")
+    p.add_argument("--format", choices=("ctranslate2",), default="ctranslate2")
+    p.add_argument(
+        "--quantization",
+        choices=("float32", "int8_float32", "int8"),
+        default="float32",
+        help="weight type (default: %(default)s)",
+    )
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    from seq2seq.export import export_ctranslate2
+
+    out = export_ctranslate2(args.run_dir, args.output, args.quantization)
+    print(f"wrote a CTranslate2 model ({args.quantization}) to {out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="seq2seq",
@@ -534,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
     commands = (_add_data, _add_train, _add_translate, _add_evaluate, _add_average, _add_plot)
-    for add in (*commands, _add_attention, _add_serve):
+    for add in (*commands, _add_attention, _add_serve, _add_export):
         add(sub)
     return parser
 
