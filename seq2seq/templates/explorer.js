@@ -226,7 +226,7 @@ window.onerror = function (message) {
   // --- line view ----------------------------------------------------------------------
   function drawLines(r) {
     const svg = $("lines");
-    const map = currentMap(r), pitch = 22, top = 20;
+    const map = currentMap(r), pitch = 22, top = 40;
     const width = Math.min(Math.max(document.documentElement.clientWidth - 100, 480), 900);
     const xt = 170, xs = width - 170;
     svg.textContent = "";
@@ -264,7 +264,7 @@ window.onerror = function (message) {
     });
     r.src.forEach((t, j) => label(t, xs + 8, j, "start", "j" + j));
     const heading = (text, x, anchor) => {
-      const t = svgEl("text", { x: x, y: 12, "text-anchor": anchor, "font-weight": "bold" });
+      const t = svgEl("text", { x: x, y: 16, "text-anchor": anchor, "font-weight": "bold" });
       t.textContent = text;
       svg.appendChild(t);
     };
