@@ -11,6 +11,7 @@ from translations cut short by ``max_len`` or ended early.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -23,7 +24,7 @@ from seq2seq.config import DecodeConfig
 from seq2seq.corpora import load_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
-from seq2seq.translate import Translation, Translator
+from seq2seq.translate import DecodeProgress, Translation, Translator
 
 # Targets written without spaces between words, where 13a would see a sentence as one word:
 # sacreBLEU's choice for ``-l`` first, then characters where MeCab's optional packages are
@@ -67,6 +68,7 @@ def evaluate_split(
     device: str = "cpu",
     hyp_file: str | Path | None = None,
     tokenize: str | None = None,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Translate ``split`` of a corpus and score it; write the hypotheses and the scores.
 
@@ -75,7 +77,7 @@ def evaluate_split(
     empty side are not scored; the report counts them (``empty_pairs_dropped``).
     Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line
     per scored pair, and the returned scores as JSON beside it (``.json`` in place of the
-    suffix).
+    suffix). ``progress``: a bar on stderr while decoding, when stderr is a terminal.
     """
     if tokenize is not None:
         _check_tokenize(tokenize)  # before the model loads
@@ -98,7 +100,8 @@ def evaluate_split(
             f"splits: {', '.join(corpus.splits)}"
         )
     decode = decode or translator.config.decode
-    results = translator.translate([s for s, _ in pairs], decode)
+    with contextlib.closing(DecodeProgress(len(pairs), progress)) as bar:
+        results = translator.translate([s for s, _ in pairs], decode, progress=bar)
     hyps = [r[0].text for r in results]
     refs = [t for _, t in pairs]
 

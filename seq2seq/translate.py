@@ -33,6 +33,7 @@ from typing import BinaryIO, TextIO
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from seq2seq.batching import batches_of, collate
 from seq2seq.checkpoint import load_run
@@ -107,7 +108,30 @@ def translate_ids_nbest(
 
 
 def warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
+    tqdm.write(f"warning: {message}", file=sys.stderr)  # above a progress bar, if one is shown
+
+
+class DecodeProgress:
+    """A bar on stderr for long decoding: sentences done, and output subwords per second.
+
+    Shown only when ``enabled`` and stderr is a terminal: in a log file a bar is a stream of
+    carriage returns. Standard output, where the translations go, never sees it."""
+
+    def __init__(self, total: int | None, enabled: bool = True) -> None:
+        shown = enabled and sys.stderr.isatty()
+        self.bar = tqdm(total=total, unit="sent", file=sys.stderr, disable=not shown, leave=False)
+        self.tokens = 0
+
+    def update(self, sentences: int, tokens: int) -> None:
+        if self.bar.disable:
+            return
+        self.tokens += tokens
+        rate = self.tokens / max(self.bar.format_dict["elapsed"], 1e-9)
+        self.bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+        self.bar.update(sentences)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class Translator:
@@ -139,11 +163,13 @@ class Translator:
         *,
         first_line: int = 1,
         need_weights: bool = False,
+        progress: DecodeProgress | None = None,
     ) -> list[list[Translation]]:
         """The hypotheses of every line, best first, in input order.
 
         ``decode`` defaults to the run's ``decode`` section. ``first_line`` is the number of
-        ``lines[0]`` in warnings; ``need_weights`` keeps each hypothesis' cross-attention.
+        ``lines[0]`` in warnings; ``need_weights`` keeps each hypothesis' cross-attention;
+        ``progress`` is told of every batch done.
         """
         decode = decode or self.config.decode
         decode.check()
@@ -159,7 +185,20 @@ class Translator:
                 )
                 ids[i] = ids[i][: self.max_src_len]
                 truncated.add(i)
-        found = self._search([ids[i] for i in todo], decode, need_weights)
+        sources = [ids[i] for i in todo]
+        found: list[list[Hypothesis]] = [[] for _ in todo]
+        # For a progress bar, one search per batch: the batches the search would make itself
+        # (whole length-sorted batches re-sort into themselves), so the outputs are the same.
+        whole = [list(range(len(todo)))]
+        groups = whole if progress is None else batches_of(sources, None, decode.max_tokens)
+        for group in groups:
+            searched = self._search([sources[k] for k in group], decode, need_weights)
+            for k, hyps in zip(group, searched, strict=True):
+                found[k] = hyps
+            if progress is not None:
+                progress.update(len(group), sum(len(found[k][0].tokens) for k in group))
+        if progress is not None:
+            progress.update(len(lines) - len(todo), 0)  # empty lines, done without the model
         for i, hyps in zip(todo, found, strict=True):
             results[i] = [self._translation(h, len(ids[i]) + 1, i in truncated) for h in hyps]
         return results
@@ -185,6 +224,7 @@ class Translator:
         *,
         chunk_lines: int = CHUNK_LINES,
         verbose: TextIO | None = None,
+        progress: DecodeProgress | None = None,
     ) -> int:
         """Translate ``lines`` chunk by chunk into ``out`` (flushed after every chunk);
         returns the number of lines. ``verbose``: where to describe every hypothesis."""
@@ -194,7 +234,11 @@ class Translator:
 
         def flush() -> None:
             results = self.translate(
-                chunk, decode, first_line=n_done + 1, need_weights=verbose is not None
+                chunk,
+                decode,
+                first_line=n_done + 1,
+                need_weights=verbose is not None,
+                progress=progress,
             )
             out.write(format_translations(results, n_done, decode.nbest > 1))
             out.flush()
@@ -312,10 +356,12 @@ def translate_files(
     input_path: Path | None = None,
     output_path: Path | None = None,
     verbose: bool = False,
+    progress: bool = False,
 ) -> int:
     """``seq2seq translate``: ``texts``, else the lines of ``input_path``, else standard
     input (a ``> `` prompt per line when it is a terminal), into ``output_path`` or standard
-    output; returns the number of lines.
+    output; returns the number of lines. ``progress``: a bar on stderr when it is a terminal,
+    for a file or piped input whose translations do not go to the terminal themselves.
 
     ``output_path`` is written in place, chunk by chunk, not through a temporary file: a
     crash half-way keeps the lines already written, and a rerun can skip them.
@@ -339,10 +385,20 @@ def translate_files(
                 out = stack.enter_context(open(output_path, "w", encoding="utf-8"))  # noqa: SIM115
             except OSError as e:
                 raise Seq2SeqError(f"cannot write {output_path}: {e.strerror or e}") from None
+        shown = progress and not (texts or interactive or verbose or out.isatty())
+        total = _count_lines(input_path) if shown and input_path is not None else None
+        bar = stack.enter_context(contextlib.closing(DecodeProgress(total, shown)))
         return translator.translate_stream(
             lines,
             out,
             decode,
             chunk_lines=1 if interactive else CHUNK_LINES,
             verbose=sys.stderr if verbose else None,
+            progress=bar,
         )
+
+
+def _count_lines(path: Path) -> int:
+    """Lines as ``read_lines`` sees them: split at ``\\n``, a last one without it counted."""
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)

@@ -2,7 +2,9 @@
 writes one hypothesis per test pair plus the scores as JSON; BLEU's tokenizer follows the
 target language; empty pairs left out are counted."""
 
+import io
 import json
+import sys
 
 import pytest
 from helpers import tiny_run_dir
@@ -106,3 +108,22 @@ def test_target_language_tokenizer_and_empty_pairs_in_the_report(run_dir, tmp_pa
         with pytest.raises(Seq2SeqError, match=f"--tokenize {bad}") as caught:
             evaluate_split(run_dir, str(corpus), src="de", tgt="zh", tokenize=bad)
         assert "\n" not in str(caught.value)
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("no_progress", [False, True])
+def test_evaluate_progress_bar_on_terminal_stderr_only(
+    run_dir, tmp_path, monkeypatch, capsys, no_progress
+):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    args = ["evaluate", str(run_dir), "--device", "cpu", "-o", str(tmp_path / "hyps.txt")]
+    assert main(args + ["--no-progress"] * no_progress) == 0
+    out = capsys.readouterr().out
+    assert "BLEU" in out
+    assert "\r" not in out and "sent/s" not in out
+    assert ("sent/s" in terminal.getvalue()) is not no_progress

@@ -228,3 +228,52 @@ def test_console_interactive_prompt(run_dir, translator):
     expected = texts(translator.translate([SENTENCES[0], "", SENTENCES[2]]))
     assert out.decode().split("\n")[:-1] == expected
     assert err.decode().count("> ") == 4  # one per line, and the one Ctrl-D answered
+
+
+class Terminal(io.StringIO):
+    """A standard error that says it is a terminal, so a progress bar draws into it."""
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("no_progress", [False, True])
+def test_progress_bar_on_terminal_stderr_never_on_stdout(
+    run_dir, translator, tmp_path, monkeypatch, capsys, no_progress
+):
+    lines = [s for s in SENTENCES if len(s) < 60] * 30  # none cut, so no warnings
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in lines))
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    args = ["translate", str(run_dir), "-i", str(source), "--batch-tokens", "64", "--device", "cpu"]
+    assert main(args + ["--no-progress"] * no_progress) == 0
+    out = capsys.readouterr().out
+    assert out.split("\n")[:-1] == texts(
+        translator.translate(lines)
+    )  # same outputs, batch by batch
+    drawn = terminal.getvalue()
+    if no_progress:
+        assert drawn == ""
+    else:
+        assert f"/{len(lines)}" in drawn and "sent/s" in drawn and "\r" in drawn
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(run_dir, tmp_path, capsys):
+    source = tmp_path / "in.de"
+    source.write_text("".join(line + "\n" for line in SENTENCES[:3] * 10))
+    assert main(["translate", str(run_dir), "-i", str(source), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "\r" not in captured.out
+
+
+def test_progress_reports_sentences_and_tokens_per_second(monkeypatch):
+    from seq2seq.translate import DecodeProgress
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    progress = DecodeProgress(total=100)
+    progress.update(40, 600)
+    progress.bar.refresh()
+    assert progress.bar.n == 40 and "tok/s" in sys.stderr.getvalue()
+    progress.close()
+    assert not DecodeProgress(total=100, enabled=False).bar.n
