@@ -120,4 +120,3 @@ def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None) -> Batch:
     tgt_in = _pad([[BOS_ID] + ids for ids in tgt_ids])  # (B, T)
     tgt_out = _pad([ids + [EOS_ID] for ids in tgt_ids])  # (B, T)
     return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
-
