@@ -7,7 +7,12 @@ Cases, each at every output length N (EOS banned, so every output has exactly N 
 - greedy and beam 5 vs Hugging Face ``MarianMTModel.generate`` on a randomly initialised
   model of the same size (no download; ``min_new_tokens = max_new_tokens = N``): goals
   >= 2x greedy, >= 4x beam 5;
-- greedy with cross-attention weights returned vs without: goal <= 1.1x slowdown.
+- greedy with cross-attention weights returned vs without: goal <= 1.1x slowdown;
+- with ``--ctranslate2``: greedy and beam vs the run exported to CTranslate2 (float32 and
+  int8, exported here into a temporary directory) on the same sentences and lengths, at
+  each of ``--ct2-threads`` (ours on as many torch threads); then the test BLEU of each
+  engine with the run's own decoding settings (EOS and max_len), greedy and beam: goal
+  int8 within 0.3 BLEU of float32.
 
 The batch is the first ``--sentences`` source sentences of the Multi30k test split,
 tokenized with the run's tokenizer; both sides run in fp32 on ``--threads`` threads. Each
@@ -16,6 +21,7 @@ each, so a change in machine load hits both. Run it on an otherwise idle machine
 
     python experiments/bench_decode.py --run runs/de-en --json bench_decode.json
     python experiments/bench_decode.py --run RUN --quick   # proves it runs; numbers mean nothing
+    python experiments/bench_decode.py --run runs/de-en --ctranslate2 --json bench_ct2.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +45,9 @@ from seq2seq.batching import collate  # noqa: E402
 from seq2seq.checkpoint import load_run  # noqa: E402
 from seq2seq.config import DecodeConfig  # noqa: E402
 from seq2seq.corpora import load_corpus  # noqa: E402
+from seq2seq.evaluate import bleu_tokenize, score  # noqa: E402
 from seq2seq.search import translate_batch  # noqa: E402
+from seq2seq.translate import Translator  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 
@@ -88,6 +97,77 @@ def interleaved(a, b, repeats: int, device: torch.device) -> tuple[float, float]
     return statistics.median(times_a), statistics.median(times_b)
 
 
+def ct2_speed_cases(args, model_dir: Path, tokenizer, ids, lengths, ours, case) -> None:
+    """Our greedy and beam vs CTranslate2 float32 and int8 on the same forced lengths, at
+    each thread count; ``ours(n, **settings)`` and ``case`` are ``main``'s."""
+    import ctranslate2
+
+    eos = tokenizer.pieces([EOS_ID], "src")[0]
+    sources = [tokenizer.pieces(x, "src") + [eos] for x in ids]
+
+    def forced(translator, n: int, beam: int) -> Callable[[], object]:
+        return lambda: translator.translate_batch(
+            sources,
+            beam_size=beam,
+            max_input_length=0,
+            max_decoding_length=n,
+            min_decoding_length=n,
+        )
+
+    for threads in (int(t) for t in args.ct2_threads.split(",")):
+        torch.set_num_threads(threads)
+        for kind in ("float32", "int8"):
+            ct2 = ctranslate2.Translator(
+                str(model_dir / kind), device=args.device, inter_threads=1, intra_threads=threads
+            )
+            for n in lengths:
+                for beam in (1, args.beam):
+                    search = "greedy" if beam == 1 else f"beam {beam}"
+                    name = f"{search} N={n}, {threads} thread(s): ours vs CTranslate2 {kind}"
+                    case(name, ours(n, beam=beam), forced(ct2, n, beam), "-", None, n)
+    torch.set_num_threads(args.threads)
+
+
+def ct2_bleu(args, config, model_dir: Path) -> list[dict]:
+    """Test BLEU of ours and of each export, greedy and beam, with the run's decoding rule."""
+    from seq2seq.export import CTranslate2Translator
+
+    corpus = load_corpus(args.data, config.data.src, config.data.tgt, config.data.test_split)
+    sources, refs = zip(*corpus.splits["test"], strict=True)
+    tokenize = bleu_tokenize(config.data.tgt)
+    engines = {
+        "ours (PyTorch)": Translator.from_run(args.run, args.device),
+        **{
+            f"CTranslate2 {kind}": CTranslate2Translator.from_export(
+                model_dir / kind, args.device, threads=args.threads
+            )
+            for kind in ("float32", "int8")
+        },
+    }
+    rows = []
+    for beam in (1, args.beam):
+        decode = config.decode.with_overrides(beam=beam, nbest=1)
+        for name, engine in engines.items():
+            texts = [hyps[0].text for hyps in engine.translate(list(sources), decode)]
+            bleu = score(texts, list(refs), tokenize)["bleu"]
+            rows.append({"engine": name, "beam": beam, "bleu": bleu})
+            print(f"  BLEU {name} beam {beam}: {bleu}", file=sys.stderr, flush=True)
+        f32, int8 = rows[-2]["bleu"], rows[-1]["bleu"]
+        rows[-1]["goal"] = "within 0.3 of float32"
+        rows[-1]["pass"] = abs(int8 - f32) <= 0.3
+    return rows
+
+
+def bleu_table(rows: list[dict]) -> str:
+    lines = ["| engine | beam | test BLEU | goal | pass |", "|---|---:|---:|---|---|"]
+    for r in rows:
+        verdict = "-" if "pass" not in r else ("pass" if r["pass"] else "FAIL")
+        lines.append(
+            f"| {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r.get('goal', '-')} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -104,6 +184,10 @@ def main() -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="8 sentences, lengths 4,8, 3 repeats")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--ctranslate2", action="store_true", help="add the CTranslate2 rows and test BLEU"
+    )
+    parser.add_argument("--ct2-threads", default="1,2", help="thread counts for those rows")
     args = parser.parse_args()
     if args.quick:
         args.sentences, args.lengths, args.repeats = 8, "4,8", 3
@@ -192,6 +276,16 @@ def main() -> int:
             slowdown=True,
         )
 
+    bleu_rows = []
+    if args.ctranslate2:
+        from seq2seq.export import export_ctranslate2
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for kind in ("float32", "int8"):
+                export_ctranslate2(args.run, Path(tmp) / kind, kind)
+            ct2_speed_cases(args, Path(tmp), tokenizer, ids, lengths, ours, case)
+            bleu_rows = ct2_bleu(args, config, Path(tmp))
+
     lines = [
         "| case | ours tok/s | reference tok/s | ratio | goal | pass |",
         "|---|---:|---:|---:|---|---|",
@@ -203,6 +297,8 @@ def main() -> int:
             f"{r['ratio']:.2f} | {r['goal']} | {verdict} |"
         )
     table = "\n".join(lines)
+    if bleu_rows:
+        table += "\n\n" + bleu_table(bleu_rows)
     print(table)
     if args.json:
         setup = {
@@ -220,7 +316,8 @@ def main() -> int:
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
-            json.dumps({"setup": setup, "cases": rows, "table": table}, indent=2) + "\n"
+            json.dumps({"setup": setup, "cases": rows, "bleu": bleu_rows, "table": table}, indent=2)
+            + "\n"
         )
     return 0
 
