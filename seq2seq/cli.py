@@ -16,6 +16,15 @@ from seq2seq.config import DataConfig
 from seq2seq.errors import Seq2SeqError
 
 
+def _add_columns(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--columns",
+        metavar="SRC,TGT",
+        help="the source and target columns of a TSV corpus, by position from 1 or header name, "
+        "e.g. 1,2 (default: a header naming the languages, else the first two)",
+    )
+
+
 def _add_data(sub: argparse._SubParsersAction) -> None:
     defaults = DataConfig()
     p = sub.add_parser(
@@ -33,10 +42,15 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", default=defaults.src, help="source language (default: %(default)s)")
     p.add_argument("--tgt", default=defaults.tgt, help="target language (default: %(default)s)")
     p.add_argument("--test-split", help="the split to use as test (default: the one named test*)")
+    _add_columns(p)
     p.add_argument(
         "--tokenizer", type=Path, help="reuse this tokenizer (run directory or .model file)"
     )
-    p.add_argument("--vocab-size", type=int, default=defaults.vocab_size)
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        help=f"default: sized to the corpus, at most {defaults.vocab_size}",
+    )
     p.add_argument(
         "--max-len", type=int, default=defaults.max_len, help="subwords per side for training pairs"
     )
@@ -58,7 +72,13 @@ def _run_data(args: argparse.Namespace) -> int:
 
     defaults = DataConfig()
     corpus = load_corpus(
-        args.data, args.src, args.tgt, args.test_split, defaults.carve_valid, defaults.carve_test
+        args.data,
+        args.src,
+        args.tgt,
+        args.test_split,
+        defaults.carve_valid,
+        defaults.carve_test,
+        columns=args.columns,
     )
     if args.tokenizer:
         tokenizer = Tokenizer.load(args.tokenizer)
@@ -66,7 +86,11 @@ def _run_data(args: argparse.Namespace) -> int:
         train = corpus.splits["train"]
         with tempfile.TemporaryDirectory() as scratch:
             tokenizer = Tokenizer.train(
-                [s for s, _ in train], [t for _, t in train], Path(scratch), args.vocab_size
+                [s for s, _ in train],
+                [t for _, t in train],
+                Path(scratch),
+                args.vocab_size or defaults.vocab_size,
+                fit_to_corpus=args.vocab_size is None,
             )
     report = data_report(corpus, tokenizer, args.max_len, args.max_tokens)
     print(format_data_report(report))
@@ -124,6 +148,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", help="source language code (default de)")
     p.add_argument("--tgt", help="target language code (default en)")
     p.add_argument("--test-split", help="which test* split is the test set")
+    _add_columns(p)
     p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/de-en")
     p.add_argument("--config", type=Path, help="YAML file with model/data/train/decode sections")
     p.add_argument(
@@ -169,6 +194,7 @@ def _run_train(args: argparse.Namespace) -> int:
         "data.src": args.src,
         "data.tgt": args.tgt,
         "data.test_split": args.test_split,
+        "data.columns": args.columns,
         "train.max_epochs": args.max_epochs,
         "train.max_time": args.max_time,
         "train.max_steps": args.max_steps,
@@ -451,6 +477,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tgt", help="target language (default: the run's data.tgt)")
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
     p.add_argument("--test-split", help="which test* split is the test set (default: the run's)")
+    _add_columns(p)
     p.add_argument(
         "-o", "--output", type=Path, help="hypothesis file (default RUN_DIR/hyps.SPLIT.TGT.txt)"
     )
@@ -476,6 +503,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         src=args.src,
         tgt=args.tgt,
         test_split=args.test_split,
+        columns=args.columns,
         tokenize=args.tokenize,
         device=args.device,
         hyp_file=args.output,

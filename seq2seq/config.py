@@ -46,6 +46,7 @@ class DataConfig:
     src: str = "de"
     tgt: str = "en"
     test_split: str | None = None  # None = the one split named test*
+    columns: str | None = None  # TSV: "1,2" or "en,fr", source first; None = header or first two
     vocab_size: int = 8000
     spm_model_type: str = "bpe"  # or "unigram"
     joint_vocab: bool = True
@@ -339,6 +340,10 @@ def validate(config: Config) -> None:
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
         (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (
+            d.columns is None or re.fullmatch(r"([^,]+),(?!\1$)[^,]+", d.columns) is not None,
+            "data.columns must name two different columns, source first, e.g. '1,2' or 'en,fr'",
+        ),
     ]
     for ok, message in checks:
         if not ok:

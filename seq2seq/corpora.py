@@ -27,6 +27,7 @@ import yaml
 from seq2seq.batching import TokenBatchSampler
 from seq2seq.errors import Seq2SeqError
 from seq2seq.tokenizer import Tokenizer
+from seq2seq.tsv import LANG_CODE, tsv_layout, tsv_pairs
 
 SPLITS = ("train", "validation", "test")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +40,6 @@ _DEFAULT_CACHE = (
 CACHE_DIR = Path(os.environ.get("SEQ2SEQ_CACHE", _DEFAULT_CACHE))
 
 _VALIDATION_NAMES = ("validation", "valid", "val", "dev")  # in order of preference
-_LANG_CODE = re.compile(r"[a-z]{2,3}([_-][A-Za-z0-9]{2,4})?")
 _DATASETS_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CARVE_SEED = 0  # carving is a property of the corpus, not of a run's seed
 _HUB_TIMEOUT_S = 3.0
@@ -115,7 +115,7 @@ def _parallel_files(folder: Path) -> dict[str, dict[str, Path]]:
     for path in sorted(folder.iterdir()):
         name = path.name.removesuffix(".gz")
         split, _, lang = name.rpartition(".")
-        if path.is_file() and _is_split_name(split) and _LANG_CODE.fullmatch(lang):
+        if path.is_file() and _is_split_name(split) and LANG_CODE.fullmatch(lang):
             found.setdefault(split, {}).setdefault(lang, path)
     return found
 
@@ -146,36 +146,14 @@ def _read_parallel_folder(folder: Path, src: str, tgt: str) -> tuple[str, dict[s
     return description, readers
 
 
-def _tsv_columns(path: Path, src: str, tgt: str) -> tuple[list[str], int]:
-    """The language columns of a TSV file and the number of header lines (0 or 1)."""
+def _read_tsv(path: Path, src: str, tgt: str, columns: str | None) -> list[tuple[str, str]]:
     lines = _read_lines(path)
-    first = lines[0].split("\t") if lines else []
-    has_header = (src in first and tgt in first) or (
-        len(first) >= 2 and all(_LANG_CODE.fullmatch(cell.strip()) for cell in first)
-    )
-    if has_header:
-        return [cell.strip() for cell in first], 1
-    return [src, tgt], 0
+    return tsv_pairs(lines, path, tsv_layout(lines, path, src, tgt, columns))
 
 
-def _read_tsv(path: Path, src: str, tgt: str) -> list[tuple[str, str]]:
-    columns, n_header = _tsv_columns(path, src, tgt)
-    i, j = columns.index(src), columns.index(tgt)
-    pairs = []
-    for number, line in enumerate(_read_lines(path)[n_header:], start=n_header + 1):
-        if not line.strip():
-            pairs.append(("", ""))  # counted with the other empty pairs
-            continue
-        cells = line.split("\t")
-        if len(cells) != len(columns):
-            raise Seq2SeqError(
-                f"{path}: line {number} has {len(cells)} tab-separated columns, expected {len(columns)}"
-            )
-        pairs.append((cells[i], cells[j]))
-    return pairs
-
-
-def _read_tsv_source(path: Path, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+def _read_tsv_source(
+    path: Path, src: str, tgt: str, columns: str | None, notes: list[str]
+) -> tuple[str, dict[str, SplitReader]]:
     if path.is_file():
         files = {"train": path}
         description = f"TSV file {path}"
@@ -186,9 +164,25 @@ def _read_tsv_source(path: Path, src: str, tgt: str) -> tuple[str, dict[str, Spl
             if _is_split_name(p.name.removesuffix(".tsv"))
         }
         description = f"TSV files in {path}"
-    if "train" in files:
-        _check_languages(_tsv_columns(files["train"], src, tgt)[0], src, tgt, description)
-    return description, {split: (lambda p=p: _read_tsv(p, src, tgt)) for split, p in files.items()}
+    if "train" in files:  # its columns checked now, before any reading of the other splits
+        layout = tsv_layout(_read_lines(files["train"]), files["train"], src, tgt, columns)
+        note = layout.note(files["train"], src, tgt)
+        if note:
+            notes.append(note)
+    return description, {
+        split: (lambda p=p: _read_tsv(p, src, tgt, columns)) for split, p in files.items()
+    }
+
+
+def _tsv_path(data: str) -> Path:
+    """The TSV file or folder ``data`` names (a path, or a registry name), for ``columns``."""
+    entry = _registry().get(data, {})
+    path = REPO_ROOT / entry["path"] if "path" in entry else Path(data).expanduser()
+    if path.suffix == ".tsv" and path.is_file() or path.is_dir() and any(path.glob("*.tsv")):
+        return path
+    raise Seq2SeqError(
+        f"--columns applies to TSV corpora; --data {data} is not a .tsv file or a folder of them"
+    )
 
 
 def _local_alternatives(name: str) -> list[str]:
@@ -277,7 +271,11 @@ def _split_configuration(data: str) -> tuple[str, str | None]:
     return data, None
 
 
-def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitReader]]:
+def _read_source(
+    data: str, src: str, tgt: str, columns: str | None, notes: list[str]
+) -> tuple[str, dict[str, SplitReader]]:
+    if columns is not None:
+        return _read_tsv_source(_tsv_path(data), src, tgt, columns, notes)
     data, config = _split_configuration(data)
     if config is not None:
         local = Path(data).expanduser().is_dir()
@@ -302,10 +300,10 @@ def _read_source(data: str, src: str, tgt: str) -> tuple[str, dict[str, SplitRea
     if path.is_file():
         if path.suffix != ".tsv":
             raise Seq2SeqError(f"{path}: a data file must be .tsv (a folder holds other formats)")
-        return _read_tsv_source(path, src, tgt)
+        return _read_tsv_source(path, src, tgt, None, notes)
     if path.is_dir():
         if any(path.glob("*.tsv")):
-            return _read_tsv_source(path, src, tgt)
+            return _read_tsv_source(path, src, tgt, None, notes)
         if _parallel_files(path):
             return _read_parallel_folder(path, src, tgt)
         if any(p.suffix in _DATASETS_SUFFIXES or p.name == "README.md" for p in path.iterdir()):
@@ -391,13 +389,17 @@ def load_corpus(
     test_split: str | None = None,
     carve_valid: int = 1000,
     carve_test: int = 1000,
+    columns: str | None = None,
 ) -> Corpus:
-    """Read the ``src``-``tgt`` pairs of train, validation and test; drop and count empty pairs."""
+    """Read the ``src``-``tgt`` pairs of train, validation and test; drop and count empty pairs.
+
+    ``columns``: which columns of a TSV corpus hold ``src`` and ``tgt`` (``seq2seq.tsv``)."""
     if src == tgt:
         raise Seq2SeqError(f"--src and --tgt are both '{src}'; choose two languages")
-    description, readers = _read_source(data, src, tgt)
+    notes: list[str] = []
+    description, readers = _read_source(data, src, tgt, columns, notes)
     chosen = _choose_splits(list(readers), test_split, description)
-    corpus = Corpus(splits={}, dropped={}, source_description=f"{description}, {src}-{tgt}")
+    corpus = Corpus({}, {}, f"{description}, {src}-{tgt}", notes)
     for split, name in chosen.items():
         pairs = [(s.strip(), t.strip()) for s, t in readers[name]()]
         corpus.splits[split] = [(s, t) for s, t in pairs if s and t]

@@ -65,6 +65,7 @@ def evaluate_split(
     src: str | None = None,
     tgt: str | None = None,
     test_split: str | None = None,
+    columns: str | None = None,
     device: str = "cpu",
     hyp_file: str | Path | None = None,
     tokenize: str | None = None,
@@ -72,7 +73,8 @@ def evaluate_split(
 ) -> dict[str, Any]:
     """Translate ``split`` of a corpus and score it; write the hypotheses and the scores.
 
-    Corpus, languages and test split default to the run's config (``data.*``), ``decode``
+    Corpus, languages, test split and TSV columns default to the run's config (``data.*``;
+    its columns only for its own corpus), ``decode``
     to its ``decode`` section, BLEU's ``tokenize`` to ``bleu_tokenize(tgt)``. Pairs with an
     empty side are not scored; the report counts them (``empty_pairs_dropped``).
     Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line
@@ -92,6 +94,7 @@ def evaluate_split(
         test_split=test_split or d.test_split,
         carve_valid=d.carve_valid,
         carve_test=d.carve_test,
+        columns=columns or (d.columns if data == d.data else None),
     )
     pairs = corpus.splits.get(split)
     if not pairs:

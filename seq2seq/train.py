@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from seq2seq import checkpoint
 from seq2seq.batching import Batch, TokenBatchSampler, collate
-from seq2seq.config import Config
+from seq2seq.config import Config, DataConfig
 from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
@@ -83,17 +83,21 @@ class Prepared:
 
 def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) -> Prepared:
     d = config.data
-    corpus = load_corpus(d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test)
+    corpus = load_corpus(
+        d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test, columns=d.columns
+    )
     train_pairs, valid_pairs = corpus.splits["train"], corpus.splits["validation"]
+    vocab_notes: list[str] = []  # what training the tokenizer said (a resumed run has it)
     if not resume and runtime.main:
-        Tokenizer.train(
+        vocab_notes = Tokenizer.train(
             [s for s, _ in train_pairs],
             [t for _, t in train_pairs],
             run_dir,
             d.vocab_size,
             d.spm_model_type,
             d.joint_vocab,
-        )
+            fit_to_corpus=d.vocab_size == DataConfig.vocab_size,  # the size left at its default
+        ).notes
     if runtime.world > 1:
         dist.barrier()  # rank 0 has written the tokenizer
     tokenizer = Tokenizer.load(run_dir)
@@ -109,7 +113,7 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
             **{k: len(v) for k, v in corpus.splits.items() if k != "train"},
         },
         "dropped": corpus.dropped,
-        "notes": corpus.notes + tokenizer.notes,
+        "notes": corpus.notes + vocab_notes,
     }
     return Prepared(
         tokenizer,
