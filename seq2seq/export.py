@@ -20,13 +20,14 @@ Letters: ``D`` d_model, ``V`` vocabulary.
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 from torch import Tensor
 
-from seq2seq.checkpoint import load_config_file, load_run, save_config
+from seq2seq.checkpoint import CONFIG_FILE, load_config_file, load_run, save_config
 from seq2seq.config import DecodeConfig, ModelConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model import Seq2Seq
@@ -134,9 +135,20 @@ def build_spec(model: Seq2Seq, tokenizer: Tokenizer):
     return spec
 
 
+def _run_root(path: Path) -> Path:
+    """The run directory of ``path``: itself, or the one above a weights file that holds the
+    config (``RUN/averaged.safetensors``, ``RUN/checkpoints/step_N.safetensors``)."""
+    if path.is_dir():
+        return path
+    return next((p for p in path.parents if (p / CONFIG_FILE).is_file()), path.parent)
+
+
 def export_ctranslate2(run_dir: str | Path, out_dir: str | Path, quantization: str = "float32"):
     """Write ``run_dir``'s model as a CTranslate2 model in ``out_dir`` (which must not exist
-    or be empty), with its tokenizer and config; returns ``out_dir``."""
+    or be empty), with its tokenizer and config; returns ``out_dir``.
+
+    ``run_dir`` may name a weights file inside a run, as everywhere. The export is written
+    beside ``out_dir`` and renamed into place, so a failure leaves no half-written model."""
     if quantization not in QUANTIZATIONS:
         raise Seq2SeqError(
             f"unknown quantization '{quantization}' (use {', '.join(QUANTIZATIONS)})"
@@ -144,20 +156,26 @@ def export_ctranslate2(run_dir: str | Path, out_dir: str | Path, quantization: s
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise Seq2SeqError(f"{out_dir} exists and is not empty: remove it or choose another -o")
-    run_dir = Path(run_dir)
-    config = load_config_file(run_dir if run_dir.is_dir() else run_dir.parent)
-    check_exportable(config.model)  # before the weights load: the refusal is immediate
+    root = _run_root(Path(run_dir))
+    check_exportable(load_config_file(root).model)  # refused before any weights load
     config, tokenizer, model = load_run(run_dir)
     spec = build_spec(model, tokenizer)
     spec.validate()
     spec.optimize(quantization=quantization)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec.save(str(out_dir))
-    tokenizer_dir = run_dir if run_dir.is_dir() else run_dir.parent
-    for name in (JOINT_FILE, *SIDE_FILES.values()):
-        if (tokenizer_dir / name).is_file():
-            shutil.copyfile(tokenizer_dir / name, out_dir / name)
-    save_config(out_dir, config)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    partial.chmod(0o755)  # mkdtemp's 0700 would follow the rename
+    try:
+        spec.save(str(partial))
+        for name in (JOINT_FILE, *SIDE_FILES.values()):
+            if (root / name).is_file():
+                shutil.copyfile(root / name, partial / name)
+        save_config(partial, config)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above)
+        partial.rename(out_dir)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return out_dir
 
 

@@ -5,6 +5,7 @@ one-line errors."""
 
 import importlib.util
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,26 @@ def test_gqa_mqa_mla_models_are_refused_in_one_line(overrides, named, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: cannot export") and named in err
     assert not out.exists()
+
+
+@needs_ctranslate2
+def test_export_of_a_weights_file_inside_a_run(run_dir, tmp_path):
+    from seq2seq.export import CTranslate2Translator
+
+    out = tmp_path / "from_file"
+    assert main(["export", str(run_dir / "model.safetensors"), "-o", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".json")) == [
+        "config.yaml",
+        "model.bin",
+        "spm.model",
+    ]
+    assert not list(tmp_path.glob(".from_file.*"))  # no partial directory left behind
+    assert CTranslate2Translator.from_export(out).translate(["Ein Hund."])[0][0].stop_reason
+
+
+def test_missing_ctranslate2_is_one_line(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import ctranslate2 fails
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and 'pip install -e ".[ctranslate2]"' in err
+    assert not (tmp_path / "out").exists()
