@@ -64,7 +64,7 @@ def _fitted_size(texts: list[str], vocab_size: int, fit: bool, name: str) -> tup
             "data.vocab_size sets another)"
         ]
     return vocab_size, [
-        f"warning: {name}: vocabulary size {vocab_size} is large for a corpus of {words:,} "
+        f"{name}: vocabulary size {vocab_size} is large for a corpus of {words:,} "
         f"words ({words / vocab_size:.1f} per piece); about {supported} would suit it"
     ]
 

@@ -87,7 +87,7 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
         d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test, columns=d.columns
     )
     train_pairs, valid_pairs = corpus.splits["train"], corpus.splits["validation"]
-    vocab_notes: list[str] = []  # what training the tokenizer said (a resumed run has it)
+    vocab_notes: list[str] = []  # what training the tokenizer said (nothing on resume)
     if not resume and runtime.main:
         vocab_notes = Tokenizer.train(
             [s for s, _ in train_pairs],
@@ -115,6 +115,9 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
         "dropped": corpus.dropped,
         "notes": corpus.notes + vocab_notes,
     }
+    if runtime.main:
+        for note in summary["notes"]:  # e.g. columns left out, the vocabulary sized to the corpus
+            say(f"note: {note}", run_dir)
     return Prepared(
         tokenizer,
         train_src,
