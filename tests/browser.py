@@ -11,9 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
-from seq2seq.train import train
+from helpers import train_sample_run
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -27,21 +25,8 @@ def explorer_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 1+2-layer model trained on data/sample long enough (300 steps, a few seconds) to
     write non-empty outputs that stop at EOS; once per test session."""
     run = tmp_path_factory.getbasetemp() / "explorer_run"
-    if not (run / "model.safetensors").is_file():
-        config = Config(
-            model=ModelConfig(
-                d_model=32, n_heads=N_HEADS, d_ff=64, n_enc_layers=1, n_dec_layers=N_LAYERS,
-                dropout=0.0, max_positions=64,
-            ),
-            data=DataConfig(data="sample", vocab_size=200, max_len=30),
-            train=TrainConfig(
-                max_steps=300, validate_every=300, warmup_steps=10, lr=3e-3,
-                attention_sentences=0, threads=1, precision="fp32", device="cpu",
-            ),
-        )  # fmt: skip
-        with contextlib.redirect_stdout(io.StringIO()):
-            train(config, run, overwrite=True, progress=False)
-    return run
+    with contextlib.redirect_stdout(io.StringIO()):
+        return train_sample_run(run, steps=300, validate_every=300, lr=3e-3, n_dec_layers=N_LAYERS)
 
 
 @contextlib.contextmanager

@@ -30,9 +30,19 @@ def tiny_model(n_kv_heads=None, d_latent=None, seed=0, **overrides) -> Seq2Seq:
     return build_model(config).eval()
 
 
-def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model trained on data/sample, once per test session (shared with test_evaluate)."""
-    run = tmp_path_factory.getbasetemp() / "tiny_run"
+def train_sample_run(
+    run: Path,
+    *,
+    steps: int,
+    validate_every: int,
+    lr: float = 1e-3,
+    dropout: float = 0.0,
+    n_dec_layers: int = 1,
+    max_positions: int = 64,
+    max_len: int = 30,
+    max_epochs: int = 100,
+) -> Path:
+    """A d_model 32 model trained on data/sample into ``run``, unless one is there already."""
     if not (run / "model.safetensors").is_file():
         config = Config(
             model=ModelConfig(
@@ -40,15 +50,17 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 n_heads=4,
                 d_ff=64,
                 n_enc_layers=1,
-                n_dec_layers=1,
-                dropout=0.0,
-                max_positions=64,
+                n_dec_layers=n_dec_layers,
+                dropout=dropout,
+                max_positions=max_positions,
             ),
-            data=DataConfig(data="sample", vocab_size=200, max_len=30),
+            data=DataConfig(data="sample", vocab_size=200, max_len=max_len),
             train=TrainConfig(
-                max_steps=60,
-                validate_every=30,
+                max_steps=steps,
+                max_epochs=max_epochs,
+                validate_every=validate_every,
                 warmup_steps=10,
+                lr=lr,
                 attention_sentences=0,
                 threads=1,
                 precision="fp32",
@@ -57,3 +69,10 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         train(config, run, overwrite=True, progress=False)
     return run
+
+
+def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model trained on data/sample, once per test session (shared with test_evaluate)."""
+    return train_sample_run(
+        tmp_path_factory.getbasetemp() / "tiny_run", steps=60, validate_every=30
+    )

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import train_sample_run
 
 from seq2seq.checkpoint import load_config_file, save_config
 from seq2seq.cli import main
-from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
-from seq2seq.train import train
+from seq2seq.config import Config, DecodeConfig, ModelConfig
 from seq2seq.translate import Translator
 
 needs_ctranslate2 = pytest.mark.skipif(
@@ -35,26 +35,16 @@ def _sentences() -> list[str]:
 def run_dir(tmp_path_factory) -> Path:
     """A tiny model trained long enough on data/sample to stop at EOS as well as at max_len."""
     run = tmp_path_factory.mktemp("export") / "run"
-    config = Config(
-        model=ModelConfig(
-            d_model=32, n_heads=4, d_ff=64, n_enc_layers=1, n_dec_layers=1, max_positions=128
-        ),
-        data=DataConfig(data="sample", vocab_size=200, max_len=100),
-        train=TrainConfig(
-            lr=3e-3,
-            warmup_steps=10,
-            max_steps=200,
-            max_epochs=1000,
-            max_time=None,
-            validate_every=200,
-            attention_sentences=0,
-            threads=1,
-            precision="fp32",
-            device="cpu",
-        ),
+    return train_sample_run(
+        run,
+        steps=200,
+        validate_every=200,
+        lr=3e-3,
+        dropout=0.1,
+        max_positions=128,
+        max_len=100,
+        max_epochs=1000,
     )
-    train(config, run, overwrite=True, progress=False)
-    return run
 
 
 @pytest.fixture(scope="module")
