@@ -116,10 +116,11 @@ class DecodeConfig:
                 f"decode.nbest must be between 1 and decode.beam, got nbest {self.nbest} "
                 f"with beam {self.beam}"
             )
-        if self.max_len_a < 0 or self.max_len_b < 1:
+        # max_len = a * S + b, S counting the source's EOS: b = 0 is a fine rule when a > 0.
+        if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b < 1):
             raise Seq2SeqError(
-                f"decode.max_len_a must be >= 0 and decode.max_len_b >= 1, got "
-                f"{self.max_len_a} and {self.max_len_b}"
+                f"decode.max_len_a must be >= 0 and decode.max_len_b >= 0, with max_len_b >= 1 "
+                f"when max_len_a is 0, got {self.max_len_a} and {self.max_len_b}"
             )
         if self.max_tokens < 1:
             raise Seq2SeqError(f"decode.max_tokens must be >= 1, got {self.max_tokens}")

@@ -315,7 +315,8 @@ def test_translate_batch_dispatches_on_beam(trained):
         ({"beam": 0}, "decode.beam must be >= 1"),
         ({"beam": 2, "nbest": 3}, "decode.nbest must be between 1 and decode.beam"),
         ({"max_len_a": -0.5}, "decode.max_len_a must be >= 0"),
-        ({"max_len_b": 0}, "decode.max_len_b >= 1"),
+        ({"max_len_b": -1}, "decode.max_len_b >= 0"),
+        ({"max_len_a": 0.0, "max_len_b": 0}, "max_len_b >= 1 when max_len_a is 0"),
         ({"max_tokens": 0}, "decode.max_tokens must be >= 1"),
     ],
 )
