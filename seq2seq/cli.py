@@ -162,9 +162,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-steps", type=int)
     p.add_argument("--seed", type=int)
-    p.add_argument(
-        "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default auto)"
-    )
+    p.add_argument("--device", help=cli_decode.DEVICE_HELP)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument(
         "--resume",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from seq2seq.errors import Seq2SeqError
 
+DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
+
 
 def add_columns(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -102,9 +104,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="with -i: one reference per line, teacher-forced",
     )
-    p.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
-    )
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_attention)
 
 
@@ -149,7 +149,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_serve)
 
 
@@ -176,9 +176,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--batch-tokens", type=int, help="source tokens per batch (default: decode.max_tokens)"
     )
-    p.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:N or auto (default: %(default)s)"
-    )
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
