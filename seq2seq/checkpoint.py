@@ -342,8 +342,10 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
     if not paths:
         raise Seq2SeqError("no checkpoints to average")
     total: dict[str, Tensor] = {}
+    dtypes: dict[str, torch.dtype] = {}  # the first file's: the average is stored as it was
     for path in paths:
         tensors, _ = read_tensors(path)
+        dtypes = dtypes or {name: tensor.dtype for name, tensor in tensors.items()}
         if total and tensors.keys() != total.keys():
             raise Seq2SeqError(f"{path}: its tensors differ from those of {paths[0]}")
         for name, tensor in tensors.items():
@@ -352,8 +354,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
                     f"{path}: {name} has shape {tuple(tensor.shape)}, expected {tuple(total[name].shape)}"
                 )
             total[name] = total.get(name, 0) + tensor.double()
-    first, _ = read_tensors(paths[0])
-    return {name: (value / len(paths)).to(first[name].dtype) for name, value in total.items()}
+    return {name: (value / len(paths)).to(dtypes[name]) for name, value in total.items()}
 
 
 def average_run(run_dir: Path, last: int, out: Path | None = None) -> tuple[Path, list[Path]]:
