@@ -9,18 +9,28 @@ and residuals; attention and FFN-inner dropout as in our config), tied embedding
 output, a causal mask plus key padding masks; with and without ``enable_nested_tensor``
 (which PyTorch only uses for post-norm layers at inference, so both should tie).
 
+With ``--compile``, ``torch.compile`` (inductor) joins as more contestants, each a copy of
+the eager model with the same initial weights: the whole model with dynamic shapes, each
+encoder and decoder layer compiled on its own (the embeddings, masks, output layer and
+loss stay eager), the whole model in ``max-autotune-no-cudagraphs`` mode, the whole model
+on batches padded to lengths in buckets of 16 (torch's automatic dynamic shapes), and the
+best ``nn.Transformer`` set-up compiled whole. Compilation happens in the untimed warm-up
+steps; its seconds are reported separately.
+
 Model FLOP/s: analytic FLOPs per step (6 x non-embedding parameters x tokens they see,
 plus the output layer and the attention scores, all x3 for forward + backward) over the
 measured step time, as a fraction of the peak from a large fp32 and bf16 matmul measured
 here. The goal: ours >= 1.3x the best reference.
 
     python experiments/bench_train.py --run runs/de-en --json bench_train.json
+    python experiments/bench_train.py --compile --threads 1 --json bench_compile_1.json
     python experiments/bench_train.py --quick          # seconds: proves the script runs
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import statistics
@@ -184,7 +194,7 @@ def prepare_batches(args: argparse.Namespace, config) -> tuple[list[Batch], Toke
     sampler = TokenBatchSampler(
         [len(x) + 1 for x in src], [len(x) + 1 for x in tgt], config.data.max_tokens, seed=0
     )
-    needed = args.rounds * args.steps + args.warmup
+    needed = args.rounds * args.steps + max(args.warmup, args.compile_warmup)
     batches = [
         collate([src[i] for i in idx], [tgt[i] for i in idx]) for idx in sampler.batches(0)[:needed]
     ]
@@ -195,11 +205,42 @@ def prepare_batches(args: argparse.Namespace, config) -> tuple[list[Batch], Toke
     return batches, tokenizer, f"{corpus.source_description}; {origin}"
 
 
+def bucketed(batch: Batch, multiple: int) -> Batch:
+    """``batch`` with its source and target lengths padded up to a multiple of ``multiple``:
+    fewer distinct shapes for a compiled model; the loss ignores the extra PAD."""
+
+    def pad(x: Tensor) -> Tensor:
+        return F.pad(x, (0, -x.shape[1] % multiple), value=PAD_ID)
+
+    return Batch(pad(batch.src), pad(batch.tgt_in), pad(batch.tgt_out), batch.n_tgt_tokens)
+
+
+def compiled_contestants(ours: nn.Module, reference: nn.Module) -> list[tuple[str, nn.Module, int]]:
+    """(name, model, bucket) for each compiled set-up; copies, so the eager models stay eager."""
+    whole = torch.compile(copy.deepcopy(ours), dynamic=True)
+    per_layer = copy.deepcopy(ours)
+    for layer in [*per_layer.encoder_layers, *per_layer.decoder_layers]:
+        layer.compile(dynamic=True)
+    autotuned = torch.compile(copy.deepcopy(ours), mode="max-autotune-no-cudagraphs", dynamic=True)
+    buckets = torch.compile(copy.deepcopy(ours))  # automatic dynamic shapes, the default
+    ref = torch.compile(copy.deepcopy(reference), dynamic=True)
+    return [
+        ("seq2seq, compiled whole, dynamic", whole, 0),
+        ("seq2seq, compiled per layer, dynamic", per_layer, 0),
+        ("seq2seq, compiled whole, max-autotune-no-cudagraphs", autotuned, 0),
+        ("seq2seq, compiled whole, lengths in buckets of 16", buckets, 16),
+        ("nn.Transformer, nested off, tgt padding mask on, compiled whole, dynamic", ref, 0),
+    ]
+
+
 class Trainee:
-    def __init__(self, name: str, model: nn.Module, config, dtype) -> None:
-        self.name, self.model, self.dtype = name, model.train(), dtype
+    def __init__(self, name: str, model: nn.Module, config, dtype, bucket: int = 0) -> None:
+        self.name, self.model, self.dtype, self.bucket = name, model.train(), dtype, bucket
+        self.warmup_seconds = 0.0
         t = config.train
-        self.optimizer = build_optimizer(model, config)  # the trainer's: fused Adam where torch has it
+        self.optimizer = build_optimizer(
+            model, config
+        )  # the trainer's: fused Adam where torch has it
         self.label_smoothing, self.clip_norm = t.label_smoothing, t.clip_norm
         self.rates: list[float] = []
         self.step_times: list[float] = []
@@ -208,6 +249,8 @@ class Trainee:
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns its wall time in seconds."""
+        if self.bucket:
+            batch = bucketed(batch, self.bucket)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(torch.device("cpu"), self.dtype):
@@ -249,12 +292,22 @@ def main() -> None:
     )
     parser.add_argument("--matmul-size", type=int, default=4096)
     parser.add_argument(
+        "--compile", action="store_true", help="add torch.compile set-ups (minutes of compiling)"
+    )
+    parser.add_argument(
+        "--compile-warmup",
+        type=int,
+        default=12,
+        help="untimed steps of each compiled set-up: enough shapes that it stops recompiling",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny model, few steps: proves the script runs"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps, args.warmup, args.matmul_size = 2, 2, 1, 512
+        args.compile_warmup = 2
         args.overrides = [
             "model.d_model=64",
             "model.n_heads=4",
@@ -287,6 +340,10 @@ def main() -> None:
     if dtype is not None:  # the reference's best set-up may be fp32: its bf16 attention is slow
         name = "nn.Transformer, nested off, tgt padding mask on, fp32"
         trainees.append(Trainee(name, Reference(c, False, True), config, None))
+    if args.compile:
+        reference = trainees[2].model  # nested off, tgt padding mask on, in the same precision
+        for name, model, bucket in compiled_contestants(ours, reference):
+            trainees.append(Trainee(name, model, config, dtype, bucket))
     n_ours = count(ours.parameters())
     for trainee in trainees[1:]:  # the same architecture, so the same parameter count
         assert count(trainee.model.parameters()) == n_ours, (
@@ -308,8 +365,12 @@ def main() -> None:
     )
 
     for trainee in trainees:
-        for batch in batches[: args.warmup]:
+        start = time.perf_counter()
+        warmup = args.compile_warmup if "compiled" in trainee.name else args.warmup
+        for batch in batches[:warmup]:
             trainee.step(batch)
+        trainee.warmup_seconds = time.perf_counter() - start
+        print(f"warm-up {trainee.name}: {trainee.warmup_seconds:.1f} s", file=sys.stderr)
     timed = batches[args.warmup :]
     step_flops = [flops.training_step(b) for b in timed]
     for r in range(args.rounds):
@@ -342,21 +403,30 @@ def main() -> None:
                 "ms_per_step": 1000 * statistics.median(trainee.step_times),
                 "model_flops_per_s": statistics.median(trainee.flop_rates),
                 "final_loss": trainee.losses[-1],
+                "warmup_seconds": trainee.warmup_seconds,
             }
         )
-    best_ref = max(results[1:], key=lambda r: r["tokens_per_s"])
+    best_ref = max(
+        (
+            r
+            for r in results
+            if r["model"].startswith("nn.Transformer") and "compiled" not in r["model"]
+        ),
+        key=lambda r: r["tokens_per_s"],
+    )
     speedup = results[0]["tokens_per_s"] / best_ref["tokens_per_s"]
     used = "bf16" if dtype else "fp32"
 
     print(
-        "\n| model | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak | of bf16 peak |"
+        "\n| model | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak | of bf16 peak | warm-up s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['model']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} "
             f"| {r['ms_per_step']:.1f} | {r['model_flops_per_s'] / 1e9:.2f} "
-            f"| {r['model_flops_per_s'] / peaks['fp32']:.1%} | {r['model_flops_per_s'] / peaks['bf16']:.1%} |"
+            f"| {r['model_flops_per_s'] / peaks['fp32']:.1%} | {r['model_flops_per_s'] / peaks['bf16']:.1%} "
+            f"| {r['warmup_seconds']:.1f} |"
         )
     print(
         f"\nmeasured matmul peak ({args.matmul_size}², {torch.get_num_threads()} threads): "
@@ -366,6 +436,14 @@ def main() -> None:
         f"seq2seq / best nn.Transformer ({best_ref['model']}): {speedup:.2f}x (goal >= 1.3x)"
         + ("" if speedup >= 1.3 else " -- NOT MET")
     )
+    compiled = [r for r in results if r["model"].startswith("seq2seq, compiled")]
+    if compiled:
+        best = max(compiled, key=lambda r: r["tokens_per_s"])
+        gain = best["tokens_per_s"] / results[0]["tokens_per_s"]
+        print(
+            f"best compiled seq2seq ({best['model']}) / eager: {gain:.2f}x"
+            + (" -- compile wins" if gain > 1.0 else " -- eager stays")
+        )
 
     if args.json:
         args.json.write_text(

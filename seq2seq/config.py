@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from seq2seq.compiling import SETTINGS, setting_of
 from seq2seq.errors import Seq2SeqError
 
 
@@ -80,6 +81,9 @@ class TrainConfig:
     valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
     log_every: int = 10
     precision: str = "bf16"  # "bf16" autocast where supported, else "fp32"
+    # torch.compile of the training step: "auto" (only where measured faster: see
+    # seq2seq/compiling.py; on CPU it was not), true, or false.
+    compile: str | bool = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved
@@ -150,6 +154,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
+        if any(type(value) is a for a in inner):  # str | bool: a YAML true stays a bool
+            return value
         return _coerce(value, inner[0], where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
@@ -319,6 +325,7 @@ def validate(config: Config) -> None:
             "train.accum_steps and train.max_epochs must be >= 1",
         ),
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
+        (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
         (
             re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", t.device) is not None,
             "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",

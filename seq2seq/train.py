@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from seq2seq import checkpoint
 from seq2seq.batching import Batch, TokenBatchSampler, collate
+from seq2seq.compiling import compile_errors, compiled, failure, setting_of, wants_compile
 from seq2seq.config import Config, DataConfig
 from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.curves import update_run_curves
@@ -206,6 +207,11 @@ class Trainer:
         self.ddp = (
             nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
         )
+        # What the training step calls: the (DDP-wrapped) model, compiled if train.compile
+        # says so; compile errors surface at the first call, caught in train_epoch.
+        self.forward, self.compile_errors = self.ddp, ()
+        if wants_compile(t.compile, device):
+            self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
         self.sampler = TokenBatchSampler(
             [len(s) + 1 for s in self.data.train_src],
             [len(x) + 1 for x in self.data.train_tgt],
@@ -228,6 +234,7 @@ class Trainer:
             + f"; dropped {summary['dropped'] or 'none'}; model {n_params:,} parameters; "
             + f"{'bf16 autocast' if self.dtype else 'fp32'} on {self.runtime.device}"
             + (f" x{self.runtime.world} processes" if self.runtime.world > 1 else "")
+            + ("; torch.compile" if self.compile_errors else "")
             + (f"; resuming at step {self.state.step}" if resume else "")
         )
 
@@ -270,7 +277,10 @@ class Trainer:
         self.tick, self.tick_tokens = time.time(), 0
         while s.batch < len(batches):
             group = batches[s.batch : s.batch + t.accum_steps]
-            loss, n_tokens = self.train_step(group)
+            try:
+                loss, n_tokens = self.train_step(group)
+            except self.compile_errors as e:  # () unless compiled: then catches nothing
+                loss, n_tokens = self.uncompile(e, group)
             s.batch += len(group)
             bar.update(len(group))
             if math.isfinite(loss):
@@ -311,7 +321,7 @@ class Trainer:
             sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
             no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
             with no_sync, autocast(runtime.device, self.dtype):
-                logits = self.ddp(batch.src, batch.tgt_in)
+                logits = self.forward(batch.src, batch.tgt_in)
                 loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
             # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
             (loss * runtime.world / n_total).backward()
@@ -329,6 +339,15 @@ class Trainer:
             param_group["lr"] = t.lr * self.schedule(self.state.step + 1)
         self.optimizer.step()
         return mean_loss, n_total
+
+    def uncompile(self, error: BaseException, group: list[list[int]]) -> tuple[float, int]:
+        """A compiled step failed to compile: with ``train.compile: true`` that ends the run
+        in one line; with ``auto`` the run goes on eagerly, from this same step."""
+        if setting_of(self.config.train.compile) == "true":
+            raise failure(error) from None
+        self.say(f"note: torch.compile failed here ({failure(error)}); training eagerly")
+        self.forward, self.compile_errors = self.ddp, ()
+        return self.train_step(group)
 
     def after_step(self, loss: float, n_tokens: int, bar: tqdm) -> None:
         """Log every ``log_every`` steps; validate and save every ``validate_every``."""

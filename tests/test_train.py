@@ -528,3 +528,66 @@ def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(tm
         assert best["averaged_steps"] == [20, 30, 40] and state["best_bleu"] == average["bleu"]
     else:
         assert "averaged_steps" not in best and state["best_bleu"] >= average["bleu"]
+
+
+# -- train.compile ----------------------------------------------------------------------
+
+
+def test_compiled_training_gives_the_eager_losses(tmp_path):
+    # Dropout off (compiled dropout draws other random numbers), fp32, the same seed: the
+    # compiled forward and backward must give eager's losses, step after step.
+    same = dict(train__max_steps=3, model__dropout=0.0, train__precision="fp32")
+    train(tiny_config(**same, train__compile="false"), tmp_path / "eager", progress=False)
+    train(tiny_config(**same, train__compile="true"), tmp_path / "compiled", progress=False)
+    eager, compiled = train_losses(tmp_path / "eager"), train_losses(tmp_path / "compiled")
+    assert sorted(compiled) == [1, 2, 3]
+    for step, loss in eager.items():
+        assert compiled[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    log = (tmp_path / "compiled" / "train.log").read_text()
+    assert "; torch.compile" in log  # the run says it compiled
+
+
+def failing_backend(graph, example_inputs):
+    raise RuntimeError("no C++ compiler found")
+
+
+@pytest.fixture
+def compile_fails(monkeypatch):
+    """torch.compile as on a machine where compiling fails (at the first call, as inductor's
+    does), through a backend that raises."""
+    from seq2seq import compiling
+    from seq2seq import train as train_module
+
+    real = compiling.compiled
+    monkeypatch.setattr(train_module, "compiled", lambda m: real(m, backend=failing_backend))
+    return compiling
+
+
+def test_compile_true_that_fails_here_exits_with_one_line(tmp_path, capsys, compile_fails):
+    from seq2seq.cli import main
+
+    args = ["train", "--out", str(tmp_path / "r"), "--max-steps", "2", "--no-progress"]
+    for item in tiny_overrides(train__compile="true"):
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: train.compile: torch.compile failed on this machine")
+    assert "no C++ compiler found" in err[-1] and "train.compile=false" in err[-1]
+    assert not any("Traceback" in line for line in err)
+
+
+def test_compile_auto_that_fails_falls_back_to_eager(tmp_path, monkeypatch, compile_fails):
+    monkeypatch.setattr(compile_fails, "COMPILE_WINS", frozenset({"cpu"}))
+    state = train(tiny_config(train__max_steps=2), tmp_path / "r", progress=False)
+    assert state["step"] == 2
+    log = (tmp_path / "r" / "train.log").read_text()
+    assert "note: torch.compile failed here" in log and "training eagerly" in log
+
+
+def test_compile_auto_is_eager_where_no_measurement_showed_a_win():
+    from seq2seq.compiling import COMPILE_WINS, wants_compile
+
+    cpu = torch.device("cpu")
+    assert wants_compile("auto", cpu) == ("cpu" in COMPILE_WINS)
+    assert wants_compile(True, cpu) and wants_compile("true", cpu)
+    assert not wants_compile(False, cpu) and not wants_compile("false", cpu)

@@ -1,0 +1,66 @@
+"""``torch.compile`` for the training step, behind ``train.compile``: auto, true or false.
+
+``true`` compiles the model's forward (and so its backward) with inductor and dynamic
+shapes, since every batch has other lengths; if compiling fails on this machine the run
+stops with one line. ``false`` trains eagerly. ``auto`` compiles only on device types
+where ``experiments/bench_train.py --compile`` measured the compiled step faster than the
+eager one; a failure then falls back to eager with a note.
+
+The measurements so far (README, "Training speed"): on CPU every compiled set-up was
+slower than or level with eager, so ``auto`` is eager on CPU; CUDA and MPS are not
+measured yet (no GPU here), so ``auto`` is eager there too until a measurement says
+otherwise: add the device type to ``COMPILE_WINS`` with its numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from seq2seq.errors import Seq2SeqError
+
+COMPILE_WINS: frozenset[str] = frozenset()  # device types where compiling measured faster
+
+SETTINGS = ("auto", "true", "false")
+
+
+def setting_of(value: object) -> str:
+    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
+
+
+def wants_compile(value: object, device: torch.device) -> bool:
+    setting = setting_of(value)
+    return setting == "true" or (setting == "auto" and device.type in COMPILE_WINS)
+
+
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """What a failing compile raises: dynamo's errors (a backend that fails is wrapped in
+    one) and inductor's, which a lazily compiled backward raises unwrapped."""
+    import torch._dynamo.exc
+    import torch._inductor.exc
+
+    return (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
+
+
+def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
+    """``module``'s forward compiled with dynamic shapes; the parameters stay the module's,
+    so checkpoints, validation and the optimizer see the same tensors."""
+    try:
+        return torch.compile(module, backend=backend, dynamic=True)
+    except RuntimeError as e:  # e.g. a Python version that dynamo does not support yet
+        raise failure(e) from None
+
+
+def failure(error: BaseException) -> Seq2SeqError:
+    """One line naming what went wrong: the backend's own error, not dynamo's wrapper."""
+    error = getattr(error, "inner_exception", None) or error
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return Seq2SeqError(
+        f"train.compile: torch.compile failed on this machine ({reason[:200]}); "
+        "train with --set train.compile=false"
+    )
