@@ -110,8 +110,8 @@ def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) ->
 
 
 def training_summary(run_dir: Path, best_step: bool = False) -> dict:
-    """Steps, minutes, best validation BLEU (and, if asked, its step) and stop reason of a
-    finished run."""
+    """Steps, minutes, best validation BLEU (and, if asked, its step), stop reason of a
+    finished run, and which weights its best model holds (the ones every analysis loads)."""
     state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
     summary = {
         "steps": state["step"],
@@ -121,7 +121,16 @@ def training_summary(run_dir: Path, best_step: bool = False) -> dict:
     if best_step:
         summary["best_step"] = state["best_step"]
     summary["stop"] = state["stop_reason"]
+    summary["weights"] = weights_of(checkpoint.read_tensors(run_dir / checkpoint.BEST_FILE)[1])
     return summary
+
+
+def weights_of(metadata: dict) -> str:
+    """'step 1666', or 'average of steps 714–1666' for an averaged best model."""
+    averaged = metadata.get("averaged_steps")
+    if averaged:
+        return f"average of steps {averaged[0]}–{averaged[-1]}"
+    return f"step {metadata['step']}"
 
 
 def budget(t: TrainConfig) -> str:

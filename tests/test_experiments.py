@@ -50,6 +50,35 @@ def test_experiments_run_in_quick_mode(tmp_path):
             assert imread(figure).ndim == 3
         assert _readme_bytes(name) == committed[name], f"--quick touched {name}/README.md"
 
+    # attention_not_explanation can analyse finished runs instead of training its own:
+    # kv_heads trains two MHA seeds of one recipe.
+    kv_runs = tmp_path / "kv_heads" / "runs"
+    out = tmp_path / "from_models"
+    script = REPO / "experiments" / "attention_not_explanation" / "run.py"
+    models = [str(kv_runs / "mha"), str(kv_runs / "mha-seed2")]
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(out), "--models", *models],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert results["seeds"] == [1, 2] and not results["trained_here"]
+    assert all(results["training"][s]["weights"].startswith(("step ", "average")) for s in "12")
+    assert "no training: --models" in (out / "README.md").read_text(encoding="utf-8")
+    same_seed = subprocess.run(
+        [sys.executable, str(script), "--quick", "--out", str(out), "--models", *models[:1] * 2],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert same_seed.returncode != 0 and "same train.seed" in same_seed.stderr
+
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_committed_readme_is_its_template_filled_from_results(name):

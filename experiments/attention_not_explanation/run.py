@@ -17,13 +17,16 @@ split:
    the token's probability most.
 
     python experiments/attention_not_explanation/run.py [--seeds 1 2] [--reuse] [--quick --out DIR]
+    python experiments/attention_not_explanation/run.py --models RUN RUN
     python experiments/attention_not_explanation/run.py --readme-only
 
 A full run trains into ``runs/experiments/attention_not_explanation/seed*`` (replacing
 earlier runs there unless ``--reuse``) and writes ``results.json``, the figures and
 ``README.md`` (from ``README.template.md``) into this folder. ``--quick`` trains tiny models
 on ``data/sample`` for a few seconds and writes into ``--out``: a smoke test of the code,
-not of the claims. ``--readme-only`` rewrites ``README.md`` from ``results.json`` and
+not of the claims. ``--models`` analyses finished runs of one recipe with different seeds
+instead of training (the kv_heads experiment trains two MHA seeds of the same recipe).
+``--readme-only`` rewrites ``README.md`` from ``results.json`` and
 ``conclusion.md``.
 """
 
@@ -86,14 +89,22 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(HERE / "config.yaml"), help="training recipe (YAML)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one model per seed")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        metavar="RUN",
+        help="analyse these finished runs (one recipe, different train.seed) instead of training",
+    )
     add_training_args(p, "runs/experiments/attention_not_explanation")
     p.add_argument("--max-sentences", type=int, default=None, help="test sentences (default: all)")
     p.add_argument("--example", type=int, default=0, help="test sentence drawn as maps")
     p.add_argument("--threads", type=int, default=2, help="torch threads for the analysis")
     add_output_args(p, "tiny models and data; seconds")
     args = p.parse_args()
-    if len(set(args.seeds)) < 2:
+    if len(set(args.seeds)) < 2 and not args.models:
         p.error("--seeds needs at least two different seeds")
+    if args.models is not None and len(args.models) < 2:
+        p.error("--models needs at least two runs")
     if args.quick:
         args.threads, args.train_threads = 1, 1
     args.train_threads = train_threads(args)
@@ -339,6 +350,7 @@ def readme_values(r: dict) -> dict[str, object]:
     a, b = seeds[0], seeds[1]
     train_rows = "\n".join(
         f"| {s} | {r['training'][s]['steps']} | {r['training'][s]['minutes']:.1f} "
+        f"| {r['training'][s]['weights']} "
         f"| {r['training'][s]['valid_bleu']:.2f} | {r['test_bleu'][s]:.2f} |"
         for s in seeds
     )
@@ -360,13 +372,15 @@ def readme_values(r: dict) -> dict[str, object]:
         for s in seeds
         for x in r["counterfactual"][s]
     )
+    # Chance depends on the lengths of each seed's own greedy outputs: one column per seed.
     sens_rows = "\n".join(
         f"| {x['layer']} | "
         + " | ".join(
-            f"{100 * r['sensitivity'][s][i]['agree']:.1f}% / {100 * r['sensitivity'][s][i]['agree_no_eos']:.1f}%"
-            for s in seeds
+            f"{100 * y['agree']:.1f}% / {100 * y['agree_no_eos']:.1f}% "
+            f"| {100 * y['chance']:.1f}% / {100 * y['chance_no_eos']:.1f}%"
+            for y in (r["sensitivity"][s][i] for s in seeds)
         )
-        + f" | {100 * x['chance']:.1f}% / {100 * x['chance_no_eos']:.1f}% |"
+        + " |"
         for i, x in enumerate(r["sensitivity"][a])
     )
     kept = [x for s in seeds for x in r["counterfactual"][s] if x["mode"] == "kept"]
@@ -380,7 +394,14 @@ def readme_values(r: dict) -> dict[str, object]:
             else "**more than 1%, so the hook itself moves outputs: check it.**"
         )
     )
-    seed_cols = " | ".join(f"seed {s}" for s in seeds)
+    training = (
+        f"training {r['train_min']:.1f} min, {r['jobs']} models at a time with "
+        f"{r['train_threads']} torch thread(s) each"
+        if r.get("trained_here", True)
+        else "no training: --models names runs trained before, whose config.yaml and "
+        "train.log say how"
+    )
+    seed_cols = " | ".join(f"seed {s} | chance, seed {s}" for s in seeds)
     return {
         "a": a,
         "b": b,
@@ -390,9 +411,24 @@ def readme_values(r: dict) -> dict[str, object]:
         "cf_rows": cf_rows,
         "control": control,
         "seed_cols": seed_cols,
-        "seed_separators": "---|" * len(seeds),
+        "seed_separators": "---|---|" * len(seeds),
         "sens_rows": sens_rows,
+        "training": training,
     }
+
+
+def seeded_runs(dirs: list[Path]) -> dict[int, Path]:
+    """Finished runs by their ``train.seed``; they must share every other setting that
+    shapes the model, or the comparison is not between seeds."""
+    configs = {d: checkpoint.load_config_file(d) for d in dirs}
+    seeds = {c.train.seed: d for d, c in configs.items()}
+    if len(seeds) < len(dirs):
+        raise SystemExit("--models: two runs have the same train.seed")
+    first = configs[dirs[0]]
+    for d, c in configs.items():
+        if (c.model, c.data) != (first.model, first.data):
+            raise SystemExit(f"--models: {d} has another model or data config than {dirs[0]}")
+    return seeds
 
 
 def main() -> int:
@@ -402,18 +438,22 @@ def main() -> int:
         return 0
     started = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = Path(args.runs)
-    base_sets = [*(QUICK if args.quick else []), f"train.threads={args.train_threads}"]
-    base = load_config(args.config, base_sets)
-    configs = {
-        f"seed{seed}": load_config(args.config, [*base_sets, f"train.seed={seed}"])
-        for seed in args.seeds
-    }
-    train_all(configs, runs, args.reuse, args.jobs)
-    train_min = minutes_since(started)
+    if args.models:
+        run_dirs, train_min = seeded_runs([Path(m) for m in args.models]), 0.0
+        args.seeds = list(run_dirs)
+    else:
+        base_sets = [*(QUICK if args.quick else []), f"train.threads={args.train_threads}"]
+        configs = {
+            f"seed{seed}": load_config(args.config, [*base_sets, f"train.seed={seed}"])
+            for seed in args.seeds
+        }
+        train_all(configs, Path(args.runs), args.reuse, args.jobs)
+        run_dirs = {s: Path(args.runs) / f"seed{s}" for s in args.seeds}
+        train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
 
-    loaded = {s: checkpoint.load_run(runs / f"seed{s}") for s in args.seeds}
+    loaded = {s: checkpoint.load_run(run_dirs[s]) for s in args.seeds}
+    base = loaded[args.seeds[0]][0]
     d = base.data
     pairs = load_pairs(d)
     pairs = pairs[: args.max_sentences]
@@ -445,7 +485,7 @@ def main() -> int:
     }
     maps = {}
     for s, (_, _, model) in loaded.items():
-        results["training"][s] = training_summary(runs / f"seed{s}", best_step=True)
+        results["training"][s] = training_summary(run_dirs[s], best_step=True)
         hyps = greedy(model, src_ids)
         results["test_bleu"][s] = bleu(tok, hyps, refs)
         maps[s] = head_mean_maps(model, src_ids, ref_ids)
@@ -469,11 +509,12 @@ def main() -> int:
     plot_counterfactuals(results["counterfactual"], args.out / "counterfactual.png")
     results.update(
         command=command(),
-        runs=str(runs),
+        runs=", ".join(str(run_dirs[s]) for s in args.seeds),
         jobs=args.jobs,
         train_threads=args.train_threads,
         threads=args.threads,
         train_min=train_min,
+        trained_here=not args.models,
         wall_min=minutes_since(started),
     )
     write_outputs(HERE, args.out, results, readme_values, "figures", indent=1)

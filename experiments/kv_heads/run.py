@@ -1,8 +1,9 @@
 """MHA, GQA, MQA and MLA under one training budget: size, KV cache, speed, BLEU.
 
 The same small model (``config.yaml``) is trained once per attention variant
-(``variants.yaml``: g = 8 key/value heads, g = 2, g = 1, and the MLA-style latent cache),
-``--jobs`` at a time with ``--train-threads`` torch threads each. Then, per variant:
+(``variants.yaml``: g = 8 key/value heads with two seeds, g = 2, g = 1, and the MLA-style
+latent cache), ``--jobs`` at a time with ``--train-threads`` torch threads each. Then, per
+variant:
 
 - parameters;
 - decoder self-attention KV cache per generated token and sentence: the formula
@@ -155,7 +156,7 @@ def readme_values(r: dict) -> dict[str, str]:
         f"| {x['variant']} | {x['g']} | {x['d_latent'] or '-'} | {x['parameters']:,} "
         f"| {x['self_formula']:,} | {x['self_measured']:,.0f} | {x['cross_formula']:,} "
         f"| {x['cross_measured']:,.0f} | {x['tokens_per_s']:,.0f} | {x['test_bleu']:.2f} "
-        f"| {x['steps']} | {x['valid_bleu']:.2f} |"
+        f"| {x['steps']} | {x['weights']} | {x['valid_bleu']:.2f} |"
         for x in rows
     )
     match = all(x["self_formula"] == x["self_measured"] for x in rows)
@@ -165,6 +166,20 @@ def readme_values(r: dict) -> dict[str, str]:
         else "**The measured self-attention cache differs from the formula for at least "
         "one variant: look into it.**"
     )
+    seeds = [x for x in rows if x["variant"].startswith(rows[0]["variant"])]
+    if len(seeds) > 1:
+        gap = max(x["test_bleu"] for x in seeds) - min(x["test_bleu"] for x in seeds)
+        seed_gap = (
+            f"The {len(seeds)} {rows[0]['variant']} seeds land {gap:.2f} test BLEU apart: "
+            + (
+                "within a point, so the budget is long enough for differences above that to mean something."
+                if gap <= 1.0
+                else "**more than a point: seed noise is larger than the differences this run can show; "
+                "train longer.**"
+            )
+        )
+    else:
+        seed_gap = "One seed per variant: no measure of seed noise in this run."
     base = rows[0]
     ratios = ", ".join(
         f"{x['variant']} {x['self_measured'] / base['self_measured']:.3f}× the cache, "
@@ -172,7 +187,13 @@ def readme_values(r: dict) -> dict[str, str]:
         f"{x['test_bleu'] - base['test_bleu']:+.2f} BLEU"
         for x in rows[1:]
     )
-    return {"table": table, "check": check, "base": base["variant"], "ratios": ratios}
+    return {
+        "table": table,
+        "check": check,
+        "seed_gap": seed_gap,
+        "base": base["variant"],
+        "ratios": ratios,
+    }
 
 
 def main() -> int:
