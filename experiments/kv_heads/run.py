@@ -146,6 +146,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ):
         ax.bar(names, [r[key] for r in rows], color="tab:blue")
         ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     save_figure(fig, path)
 
 
