@@ -1,7 +1,5 @@
 """Seq2Seq: causality, padding invariance, cached == uncached decoding, cache sizes, learning."""
 
-import time
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,11 +151,11 @@ def test_position_limit_is_a_clear_error():
 
 
 def test_tiny_model_learns_to_reverse_sequences():
-    """A model that really learns: reverse random sequences, > 95% token accuracy in < 30 s."""
+    """A model that really learns: reverse random sequences, > 95% token accuracy within
+    600 steps (a step budget, not a time limit: a busy machine only makes it slower)."""
     torch.manual_seed(0)
     model = tiny(d_ff=128).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    start = time.time()
 
     def batch(n):
         x = torch.randint(4, V, (n, 8))
@@ -166,16 +164,18 @@ def test_tiny_model_learns_to_reverse_sequences():
         eos = torch.full((n, 1), EOS_ID)
         return x, torch.cat([bos, y], 1), torch.cat([y, eos], 1)
 
-    for _ in range(600):
+    steps = 0
+    while steps < 600:
+        steps += 1
         src, tgt_in, tgt_out = batch(64)
         loss = F.cross_entropy(model(src, tgt_in).reshape(-1, V), tgt_out.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if time.time() - start > 25:
+        if loss.item() < 0.05:  # learned: stop early
             break
     model.eval()
     src, tgt_in, tgt_out = batch(256)
     with torch.no_grad():
         accuracy = (model(src, tgt_in).argmax(-1) == tgt_out).float().mean().item()
-    assert accuracy > 0.95, f"reverse-task accuracy {accuracy:.3f} after {time.time() - start:.1f}s"
+    assert accuracy > 0.95, f"reverse-task accuracy {accuracy:.3f} after {steps} steps"
