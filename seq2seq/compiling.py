@@ -57,11 +57,14 @@ def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
         raise failure(e) from None
 
 
-def failure(error: BaseException) -> Seq2SeqError:
-    """One line naming what went wrong: the backend's own error, not dynamo's wrapper."""
+def reason(error: BaseException) -> str:
+    """The first line of the backend's own error, not of dynamo's wrapper around it."""
     error = getattr(error, "inner_exception", None) or error
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
+def failure(error: BaseException) -> Seq2SeqError:
     return Seq2SeqError(
-        f"train.compile: torch.compile failed on this machine ({reason[:200]}); "
+        f"train.compile: torch.compile failed on this machine ({reason(error)}); "
         "train with --set train.compile=false"
     )

@@ -25,7 +25,14 @@ from tqdm import tqdm
 
 from seq2seq import checkpoint
 from seq2seq.batching import Batch, TokenBatchSampler, collate
-from seq2seq.compiling import compile_errors, compiled, failure, setting_of, wants_compile
+from seq2seq.compiling import (
+    compile_errors,
+    compiled,
+    failure,
+    reason,
+    setting_of,
+    wants_compile,
+)
 from seq2seq.config import Config, DataConfig
 from seq2seq.corpora import encode_pairs, load_corpus
 from seq2seq.curves import update_run_curves
@@ -345,7 +352,7 @@ class Trainer:
         in one line; with ``auto`` the run goes on eagerly, from this same step."""
         if setting_of(self.config.train.compile) == "true":
             raise failure(error) from None
-        self.say(f"note: torch.compile failed here ({failure(error)}); training eagerly")
+        self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
         self.forward, self.compile_errors = self.ddp, ()
         return self.train_step(group)
 
