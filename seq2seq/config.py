@@ -62,7 +62,7 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     seed: int = 1
-    lr: float = 1e-3  # peak learning rate after warmup (Adam, inverse sqrt decay)
+    lr: float = 2e-3  # peak learning rate after warmup (Adam, inverse sqrt decay)
     warmup_steps: int = 400  # ~2 epochs of Multi30k at 2048 tokens
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
@@ -75,6 +75,10 @@ class TrainConfig:
     # laptop, a 2-core VM or a workstation (each gets as many epochs as it can afford);
     # on a GPU use --max-time 0 and let patience or max_epochs end the run.
     max_time: float | None = 30.0
+    # The last share of max_time over which the learning rate falls linearly to zero, so the
+    # run ends annealed (0 = no cool-down). Only a time budget has one: a max_steps run can
+    # be resumed with more steps and go on exactly as if it had been given them at once.
+    cooldown: float = 0.3
     max_steps: int | None = None
     patience: int = 10  # validations without BLEU improvement before stopping
     validate_every: int = 0  # steps; 0 = once per epoch
@@ -86,7 +90,8 @@ class TrainConfig:
     compile: str | bool = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
-    attention_sentences: int = 3  # validation sentences whose cross-attention is saved
+    attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
+    # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)
     device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
     # The weights of the last N validated states stay in checkpoints/ (7.6M parameters:
     # 30 MB each), and the run ends by averaging them, kept as model.safetensors only when
@@ -320,6 +325,7 @@ def validate(config: Config) -> None:
             "train.lr must be in (0, 10] and train.warmup_steps >= 0",
         ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (0.0 <= t.cooldown <= 1.0, "train.cooldown must be in [0, 1]"),
         (
             t.accum_steps >= 1 and t.max_epochs >= 1,
             "train.accum_steps and train.max_epochs must be >= 1",

@@ -44,3 +44,15 @@ def inverse_sqrt(warmup: int):
         return step / warmup if warmup and step < warmup else math.sqrt(max(warmup, 1) / step)
 
     return factor
+
+
+def cooldown(used: float, fraction: float) -> float:
+    """The learning-rate factor that takes the last ``fraction`` of a time budget linearly down
+    to zero; ``used`` is the share of the budget spent (0 to 1).
+
+    A run stopped by its budget at a high learning rate ends on a noisy state; ending the
+    schedule on the budget is the "budgeted training" recipe (Li et al. 2020), the cool-down
+    of warmup-stable-decay schedules (Hägele et al. 2024)."""
+    if fraction <= 0 or used <= 1 - fraction:
+        return 1.0
+    return max(0.0, (1 - used) / fraction)

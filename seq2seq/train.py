@@ -39,7 +39,7 @@ from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import build_model
-from seq2seq.optim import build_optimizer, inverse_sqrt, sequence_loss
+from seq2seq.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.precision import autocast, autocast_dtype
 from seq2seq.runlog import MetricsLog, say, write_environment
 from seq2seq.runtime import Runtime, StopSignals, agree, gather, setup_runtime
@@ -230,6 +230,7 @@ class Trainer:
         )
         self.signals = StopSignals()
         self.started = time.time() - self.state.elapsed
+        self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.time(), 0  # tokens/s since the last log line
         self.say(self.describe(resume))
 
@@ -261,6 +262,8 @@ class Trainer:
                     self.validate(scheduled=False)  # the state the budget ended on is scored
                 if t.average_last >= 2 and self.runtime.main:
                     self.try_average()
+                if t.attention_sentences and self.runtime.main:
+                    self.save_attention(draw=True)  # the last state's maps, drawn
             self.save()
         self.log.close()
         self.say(
@@ -343,7 +346,8 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan, n_total
         for param_group in self.optimizer.param_groups:
-            param_group["lr"] = t.lr * self.schedule(self.state.step + 1)
+            factor = self.schedule(self.state.step + 1) * cooldown(self.budget_used, t.cooldown)
+            param_group["lr"] = t.lr * factor
         self.optimizer.step()
         return mean_loss, n_total
 
@@ -398,6 +402,7 @@ class Trainer:
         an uninterrupted run would.
         """
         s, t, device = self.state, self.config.train, self.runtime.device
+        began = time.time()
         self.model.eval()
         loss = validation_loss(
             self.model, self.data, self.config.data.max_tokens, device, self.dtype
@@ -413,19 +418,33 @@ class Trainer:
         elif scheduled:
             s.bad_validations += 1
         checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
-        if t.attention_sentences:
-            out_dir = self.run_dir / "attention" / f"step_{s.step}"
-            save_attention_maps(self.model, self.data, self.config, out_dir, device)
+        if t.attention_sentences:  # the weights now, the PNGs once at the end (see run)
+            self.save_attention(draw=False)
         minutes = (time.time() - self.started) / 60
         ppl = math.exp(min(loss, 50))
         values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
-        self.log.log("valid", s.step, {**values, "epoch": s.epoch, "elapsed_min": minutes})
+        # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
+        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.time() - began}
+        self.log.log("valid", s.step, {**values, **timing})
         update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
         self.say(
             f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
             f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
         )
         self.model.train()
+
+    def save_attention(self, draw: bool) -> None:
+        """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
+        only at the end of a run: drawing at every validation cost more than its BLEU."""
+        out_dir, was_training = (
+            self.run_dir / "attention" / f"step_{self.state.step}",
+            self.model.training,
+        )
+        self.model.eval()
+        save_attention_maps(
+            self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw
+        )
+        self.model.train(was_training)
 
     def try_average(self) -> None:
         """Average the last ``average_last`` kept states; keep the average as the best model
@@ -467,18 +486,22 @@ class Trainer:
             )
 
     def check_stop(self) -> str | None:
-        """Why the run should stop now (the same answer on every rank), or None."""
+        """Why the run should stop now (the same answer on every rank), or None; also
+        updates ``budget_used``, which the learning-rate cool-down reads."""
         s, t = self.state, self.config.train
-        reason = None
+        elapsed, reason = time.time() - self.started, None
         if self.signals.received:
             reason = f"signal {self.signals.received}"
         elif s.bad_validations >= t.patience:
             reason = f"no BLEU improvement in {t.patience} validations"
         elif t.max_steps is not None and s.step >= t.max_steps:
             reason = f"max_steps {t.max_steps}"
-        elif t.max_time and time.time() - self.started >= t.max_time * 60:
+        elif t.max_time and elapsed >= t.max_time * 60:
             reason = f"max_time {t.max_time:g} min"
-        return agree(self.runtime, reason)
+        used = elapsed / (t.max_time * 60) if t.max_time else 0.0
+        # one broadcast for both: every rank cools the learning rate down by the same factor
+        reason, self.budget_used = agree(self.runtime, (reason, used))
+        return reason
 
     def say(self, message: str) -> None:
         if self.runtime.main:

@@ -52,9 +52,10 @@ def greedy(config: Config) -> DecodeConfig:
 
 
 def save_attention_maps(
-    model: Seq2Seq, data: Prepared, config: Config, out_dir: Path, device
+    model: Seq2Seq, data: Prepared, config: Config, out_dir: Path, device, draw: bool = True
 ) -> None:
-    """Cross-attention of a few fixed validation sentences: PNG grids plus the raw weights."""
+    """Cross-attention of a few fixed validation sentences: the raw weights, and with ``draw``
+    their PNG grids (drawing costs more than decoding them: the trainer draws at the end)."""
     from seq2seq.plotting import plot_attention, write_attention_json  # matplotlib only when used
 
     tok, n = data.tokenizer, config.train.attention_sentences
@@ -66,10 +67,9 @@ def save_attention_maps(
         tgt_ids = hyp.tokens + ([EOS_ID] if hyp.stop_reason == "eos" else [])
         tgt_pieces = tok.pieces(tgt_ids, "tgt")
         weights = hyp.attention.float().cpu().numpy()  # (L, H, Tq, Tk)
-        title = f"validation sentence {i}"
-        plot_attention(
-            weights, src_pieces, tgt_pieces, out_dir / f"sentence_{i}.png", heads="all", title=title
-        )
+        if draw:
+            png, title = out_dir / f"sentence_{i}.png", f"validation sentence {i}"
+            plot_attention(weights, src_pieces, tgt_pieces, png, heads="all", title=title)
         write_attention_json(
             weights,
             src_pieces,

@@ -117,6 +117,8 @@ def test_type_errors(overrides, match):
         (["train.precision=fp16"], "precision must be 'bf16' or 'fp32'"),
         (["train.device=tpu"], "device must be"),
         (["train.max_time=-1"], "max_time must be >= 0"),
+        (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),
+        (["train.cooldown=.nan"], "train.cooldown must be in \\[0, 1\\]"),
         (["train.keep_last=2", "train.average_last=3"], "average_last must be between 0 and"),
         (["data.max_tokens=10"], "max_tokens must be at least data.max_len"),
         (["data.max_len=600"], "must fit in model.max_positions"),

@@ -7,6 +7,7 @@ epoch 11 batches, so a run can stop mid-epoch and resume from a data position.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -147,8 +148,8 @@ def test_early_stopping_with_patience(tmp_path):
 
 
 def test_validation_line_and_attention_maps(tmp_path, capsys):
-    state = train(
-        tiny_config(train__max_steps=11, train__attention_sentences=2),
+    state = train(  # validated at the end of epoch 1 (step 11), then at the budget's end
+        tiny_config(train__max_steps=13, train__attention_sentences=2),
         tmp_path / "run",
         progress=False,
     )
@@ -156,9 +157,13 @@ def test_validation_line_and_attention_maps(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("step 11 epoch 1: valid loss")]
     assert len(lines) == 1 and all(w in lines[0] for w in (" ppl ", " BLEU ", " min")), err
     assert "; fp32 on cpu" in err or "bf16 autocast" in err
+    assert [r["step"] for r in read_metrics(tmp_path / "run", "valid")] == [11, 13]
+    assert all(r["valid_s"] > 0 for r in read_metrics(tmp_path / "run", "valid"))  # its cost
 
+    first = tmp_path / "run" / "attention" / "step_11"  # the weights only: drawn at the end
+    assert sorted(p.name for p in first.iterdir()) == ["sentence_0.json", "sentence_1.json"]
     step_dir = tmp_path / "run" / "attention" / f"step_{state['step']}"
-    assert sorted(p.name for p in step_dir.iterdir()) == [
+    assert state["step"] == 13 and sorted(p.name for p in step_dir.iterdir()) == [
         "sentence_0.json",
         "sentence_0.png",
         "sentence_1.json",
@@ -465,6 +470,40 @@ def test_learning_rate_warms_up_linearly_then_decays_as_one_over_root_step(tmp_p
     logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run", "train")}
     for step, lr in logged.items():  # step N ran with the rate for step N (warmup 10, peak 3e-3)
         assert lr == pytest.approx(0.003 * factor(step)), step
+
+
+def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
+    tmp_path, monkeypatch
+):
+    from types import SimpleNamespace
+
+    from seq2seq.optim import cooldown, inverse_sqrt
+
+    assert [cooldown(u, 0.3) for u in (0.0, 0.7, 0.85, 1.0, 1.2)] == pytest.approx(
+        [1, 1, 0.5, 0, 0]
+    )
+    assert cooldown(0.99, 0.0) == 1.0  # train.cooldown=0: the schedule alone
+    clock = SimpleNamespace(now=0.0)
+
+    def fake_time() -> float:  # every reading of the clock: half a second later
+        clock.now += 0.5
+        return clock.now
+
+    monkeypatch.setattr("seq2seq.train.time", SimpleNamespace(time=fake_time))
+    schedule = inverse_sqrt(10)
+    shares = {}
+    for share in (0.5, 0.0):
+        run = tmp_path / f"cooldown-{share}"
+        config = tiny_config(train__max_time=0.5, train__cooldown=share)
+        state = train(config, run, progress=False)
+        assert state["stop_reason"] == "max_time 0.5 min"
+        logged = read_metrics(run, "train")
+        shares[share] = [r["lr"] / (0.003 * schedule(r["step"])) for r in logged]
+        assert len(logged) >= 10
+    assert shares[0.0] == pytest.approx([1.0] * len(shares[0.0]))  # no cool-down
+    cooled = shares[0.5]
+    assert cooled[: len(cooled) // 3] == pytest.approx([1.0] * (len(cooled) // 3))
+    assert cooled[-1] < 0.25 and all(a >= b for a, b in itertools.pairwise(cooled))
 
 
 def test_train_log_and_environment_record_the_run(tmp_path):
