@@ -25,6 +25,7 @@ here. The goal: ours >= 1.3x the best reference.
     python experiments/bench_train.py --run runs/de-en --json bench_train.json
     python experiments/bench_train.py --compile --threads 1 --json bench_compile_1.json
     python experiments/bench_train.py --quick          # seconds: proves the script runs
+    python experiments/bench_train.py --profile 12 --threads 2   # where our step's time goes
 """
 
 from __future__ import annotations
@@ -264,6 +265,44 @@ class Trainee:
         return elapsed
 
 
+# What the profile's operators are, for the summary: the first pattern that is in the name.
+KINDS = {
+    "matrix multiplies": ("mm", "linear", "matmul", "baddbmm"),
+    "fused attention": ("flash_attention", "scaled_dot_product"),
+    "dropout": ("bernoulli", "dropout"),
+    "log-softmax and loss": ("log_softmax", "nll_loss", "cross_entropy"),
+    "Adam": ("adam",),
+    "casts and copies": ("copy_", "to_copy", "clone", "contiguous"),
+    "fills and zeros": ("fill_", "zero_"),
+}
+
+
+def print_profile(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -> None:
+    """The operators that take our step's time (torch.profiler, self CPU time), and the
+    shares of the kinds the issue's profile named."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for batch in warmup:
+        trainee.step(batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        seconds = sum(trainee.step(batch) for batch in batches)
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=20))
+    total = sum(e.self_cpu_time_total for e in averages)
+    shares = dict.fromkeys([*KINDS, "other"], 0.0)
+    for event in averages:
+        name = event.key.lower()
+        kind = next((k for k, marks in KINDS.items() if any(m in name for m in marks)), "other")
+        shares[kind] += event.self_cpu_time_total / total
+    tokens = sum(b.n_tgt_tokens for b in batches)
+    print(
+        f"{len(batches)} steps, {tokens / seconds:,.0f} target tokens/s under the profiler; "
+        f"{torch.get_num_threads()} threads; self CPU time by kind:"
+    )
+    for kind, share in sorted(shares.items(), key=lambda item: -item[1]):
+        print(f"  {kind:22} {100 * share:5.1f}%")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -304,6 +343,12 @@ def main() -> None:
         "--quick", action="store_true", help="tiny model, few steps: proves the script runs"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        metavar="STEPS",
+        help="instead of the comparison: where our step's time goes, over STEPS profiled steps",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps, args.warmup, args.matmul_size = 2, 2, 1, 512
@@ -334,6 +379,9 @@ def main() -> None:
     torch.manual_seed(0)
     ours = build_model(c)
     trainees = [Trainee("seq2seq", ours, config, dtype)]
+    if args.profile:
+        print_profile(trainees[0], batches[: args.warmup], batches[args.warmup :][: args.profile])
+        return
     for nested, tgt_pad in ((True, True), (False, True), (False, False)):
         name = f"nn.Transformer, nested {'on' if nested else 'off'}, tgt padding mask {'on' if tgt_pad else 'off'}"
         trainees.append(Trainee(name, Reference(c, nested, tgt_pad), config, dtype))

@@ -96,3 +96,19 @@ def test_committed_readme_is_its_template_filled_from_results(name):
 def _readme_bytes(name: str) -> bytes | None:
     path = REPO / "experiments" / name / "README.md"
     return path.read_bytes() if path.exists() else None
+
+
+def test_bench_train_profile_says_where_the_step_time_goes():
+    script = REPO / "experiments" / "bench_train.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick", "--profile", "2", "--threads", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = done.stdout.split("self CPU time by kind:\n")[1].splitlines()
+    shares = {line[:24].strip(): float(line[24:].rstrip("%")) for line in summary if line}
+    assert shares["matrix multiplies"] > 0 and "other" in shares
+    assert sum(shares.values()) == pytest.approx(100, abs=0.5)
