@@ -374,6 +374,17 @@ def average_run(run_dir: Path, last: int, out: Path | None = None) -> tuple[Path
     return out, chosen
 
 
+def split_run_path(path: str | Path) -> tuple[Path, Path | None]:
+    """``(run directory, weights file or None)`` for what a command was given in place of a
+    run: the run directory itself, or a weights file inside it (``RUN/averaged.safetensors``,
+    ``RUN/checkpoints/step_N.safetensors``)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".safetensors":
+        run_dir = next((p for p in path.parents if (p / CONFIG_FILE).is_file()), path.parent)
+        return run_dir, path
+    return path, None
+
+
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: str = BEST_FILE):
     """Rebuild a trained model from its run directory alone: config, tokenizer, best weights.
 
@@ -385,12 +396,8 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: s
     from seq2seq.model import build_model
     from seq2seq.tokenizer import Tokenizer
 
-    run_dir = Path(run_dir)
-    if run_dir.is_file() and run_dir.suffix == ".safetensors":
-        weights_path = run_dir
-        run_dir = next((p for p in run_dir.parents if (p / CONFIG_FILE).is_file()), run_dir.parent)
-    else:
-        weights_path = run_dir / weights
+    run_dir, named = split_run_path(run_dir)
+    weights_path = named or run_dir / weights
     if not run_dir.is_dir():
         raise Seq2SeqError(f"{run_dir}: no such run directory")
     config = load_config_file(run_dir)

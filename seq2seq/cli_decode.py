@@ -276,10 +276,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
-    from seq2seq.checkpoint import load_config_file
+    from seq2seq.checkpoint import load_config_file, split_run_path
     from seq2seq.evaluate import evaluate_split, format_report
 
-    decode = load_config_file(args.run_dir).decode.with_overrides(**_decode_overrides(args))
+    run_dir, _ = split_run_path(args.run_dir)  # RUN, or a weights file inside it
+    decode = load_config_file(run_dir).decode.with_overrides(**_decode_overrides(args))
     report = evaluate_split(
         args.run_dir,
         args.data,

@@ -20,6 +20,7 @@ from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
+from seq2seq.checkpoint import split_run_path
 from seq2seq.config import DecodeConfig
 from seq2seq.corpora import load_corpus
 from seq2seq.errors import Seq2SeqError
@@ -109,7 +110,9 @@ def evaluate_split(
     refs = [t for _, t in pairs]
 
     scores = score(hyps, refs, tokenize)
-    hyp_path = Path(hyp_file) if hyp_file else Path(run_dir) / f"hyps.{split}.{tgt}.txt"
+    home, weights = split_run_path(run_dir)  # other weights than the run's: their own file
+    default = f"hyps.{split}.{tgt}" + (f".{weights.stem}" if weights else "") + ".txt"
+    hyp_path = Path(hyp_file) if hyp_file else home / default
     scores_path = _scores_path(hyp_path)
     report = {
         "run": str(run_dir),

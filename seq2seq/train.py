@@ -436,10 +436,8 @@ class Trainer:
     def save_attention(self, draw: bool) -> None:
         """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
         only at the end of a run: drawing at every validation cost more than its BLEU."""
-        out_dir, was_training = (
-            self.run_dir / "attention" / f"step_{self.state.step}",
-            self.model.training,
-        )
+        out_dir = self.run_dir / "attention" / f"step_{self.state.step}"
+        was_training = self.model.training
         self.model.eval()
         save_attention_maps(
             self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw

@@ -130,6 +130,10 @@ def test_average_command_writes_weights_every_command_loads(copy_of, tmp_path, c
     averaged = copy_of / "averaged.safetensors"
     assert main(["translate", str(averaged), "ein Hund"]) == 0
     assert capsys.readouterr().out.count("\n") == 1  # one line (a 12-step model may say nothing)
+    assert main(["evaluate", str(averaged), "--split", "validation"]) == 0
+    assert "BLEU = " in capsys.readouterr().out  # its hypotheses beside the run's, not over them
+    assert (copy_of / "hyps.validation.en.averaged.txt").is_file()
+    assert not (copy_of / "hyps.validation.en.txt").exists()
     _, _, model = checkpoint.load_run(averaged)
     _, _, best = checkpoint.load_run(copy_of)
     for (name, x), (_, y) in zip(
