@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from seq2seq.errors import Seq2SeqError
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
+
+Item, Made = TypeVar("Item"), TypeVar("Made")
 
 
 class TokenBatchSampler:
@@ -105,18 +111,83 @@ class Batch:
 
         return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_tgt_tokens)
 
+    def pinned(self, pin: bool = True) -> Batch:
+        """In page-locked memory (when ``pin``), so that ``to(cuda)`` copies asynchronously."""
+        if not pin:
+            return self
 
-def _pad(rows: list[list[int]]) -> torch.Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+        def page_locked(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.pin_memory()
+
+        src, tgt_in, tgt_out = map(page_locked, (self.src, self.tgt_in, self.tgt_out))
+        return Batch(src, tgt_in, tgt_out, self.n_tgt_tokens)
+
+
+def _pad(rows: Sequence[Sequence[int]], first: int | None, last: int | None) -> torch.Tensor:
+    """``rows`` of ids (lists or numpy arrays) as one right-padded (B, T) tensor, each row
+    with ``first`` before it and ``last`` after it where they are given."""
+    start, extra = int(first is not None), int(first is not None) + int(last is not None)
+    out = np.full((len(rows), max(len(r) for r in rows) + extra), PAD_ID, dtype=np.int64)
     for b, row in enumerate(rows):
-        out[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
+        out[b, start : start + len(row)] = row
+        if first is not None:
+            out[b, 0] = first
+        if last is not None:
+            out[b, start + len(row)] = last
+    return torch.from_numpy(out)
 
 
-def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None) -> Batch:
-    src = _pad([ids + [EOS_ID] for ids in src_ids])  # (B, S)
+def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]] | None) -> Batch:
+    src = _pad(src_ids, None, EOS_ID)  # (B, S): ids + EOS
     if tgt_ids is None:
         return Batch(src)
-    tgt_in = _pad([[BOS_ID] + ids for ids in tgt_ids])  # (B, T)
-    tgt_out = _pad([ids + [EOS_ID] for ids in tgt_ids])  # (B, T)
+    tgt_in = _pad(tgt_ids, BOS_ID, None)  # (B, T): BOS + ids
+    tgt_out = _pad(tgt_ids, None, EOS_ID)  # (B, T): ids + EOS
     return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
+
+
+class Prefetcher:
+    """``make(item)`` for each of ``items``, computed ``ahead`` items in advance on a
+    background thread, so that a training step never waits for its batches to be gathered
+    and padded (0 = in the caller's thread, when asked). Iterate inside ``with``: leaving
+    early stops the thread."""
+
+    def __init__(self, make: Callable[[Item], Made], items: Sequence[Item], ahead: int):
+        self.make, self.items, self.ahead = make, items, ahead
+        self.queue: queue.Queue = queue.Queue(maxsize=max(ahead, 1))
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> Iterator[Made]:
+        if self.ahead <= 0:
+            return (self.make(item) for item in self.items)
+        self.thread = threading.Thread(target=self._fill, daemon=True)
+        self.thread.start()
+        return self._drain()
+
+    def _fill(self) -> None:
+        for item in self.items:
+            try:
+                made = (self.make(item), None)
+            except BaseException as e:  # raised again in the training thread
+                made = (None, e)
+            while not self.stop.is_set():
+                try:
+                    self.queue.put(made, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if self.stop.is_set() or made[1] is not None:
+                return
+
+    def _drain(self) -> Iterator[Made]:
+        for _ in self.items:
+            made, error = self.queue.get()
+            if error is not None:
+                raise error
+            yield made
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()

@@ -20,18 +20,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from seq2seq.config import setting_of
 from seq2seq.errors import Seq2SeqError
 
 COMPILE_WINS: frozenset[str] = frozenset()  # device types where compiling measured faster
 
-SETTINGS = ("auto", "true", "false")
-
-
-def setting_of(value: object) -> str:
-    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).lower()
 
 
 def wants_compile(value: object, device: torch.device) -> bool:

@@ -15,8 +15,16 @@ from typing import Any
 
 import yaml
 
-from seq2seq.compiling import SETTINGS, setting_of
 from seq2seq.errors import Seq2SeqError
+
+SETTINGS = ("auto", "true", "false")  # of train.compile
+
+
+def setting_of(value: object) -> str:
+    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
 
 
 @dataclass
@@ -53,8 +61,8 @@ class DataConfig:
     joint_vocab: bool = True
     max_len: int = 100  # subwords per side; longer training pairs are dropped and counted
     max_tokens: int = 2048  # per batch, per side, padding included: ~120 Multi30k pairs, so
-    # ~240 updates an epoch; a 30-minute CPU budget sees only ~7 epochs, and small data
-    # learns faster from more, smaller updates
+    # ~240 updates an epoch; small data learns faster from more, smaller updates. Per process
+    # under torchrun (fairseq's meaning): a step takes processes x accum_steps such batches.
     carve_valid: int = 1000  # carved off train when a corpus has only a train split
     carve_test: int = 1000
 
@@ -75,10 +83,12 @@ class TrainConfig:
     # laptop, a 2-core VM or a workstation (each gets as many epochs as it can afford);
     # on a GPU use --max-time 0 and let patience or max_epochs end the run.
     max_time: float | None = 30.0
-    # The last share of max_time over which the learning rate falls linearly to zero, so the
-    # run ends annealed (0 = no cool-down). Only a time budget has one: a max_steps run can
-    # be resumed with more steps and go on exactly as if it had been given them at once.
+    # The last share of the budget over which the learning rate falls linearly to zero, so
+    # the run ends annealed (0 = no cool-down): of max_time when there is one, else of
+    # max_steps; an epoch budget or patience alone has none. A run resumed with a larger
+    # budget goes back up to the schedule's rate and cools down again before its new end.
     cooldown: float = 0.3
+    # A step or epoch budget given without max_time means no time budget (see budget_rule).
     max_steps: int | None = None
     patience: int = 10  # validations without BLEU improvement before stopping
     validate_every: int = 0  # steps; 0 = once per epoch
@@ -89,6 +99,7 @@ class TrainConfig:
     # seq2seq/compiling.py; on CPU it was not), true, or false.
     compile: str | bool = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
+    prefetch: int = 2  # steps' batches gathered and padded ahead, on a thread (0 = none)
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
     # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)
@@ -208,11 +219,24 @@ def _update(obj: Any, values: dict[str, Any], prefix: str) -> None:
             setattr(obj, key, _coerce(value, hints[key], where))
 
 
+def budget_rule(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (what a file or the command line set) with ``train.max_time: None`` added
+    when they give a step or epoch budget but no time budget: asking for 5,000 steps means
+    5,000 steps, not "5,000 steps or the default 30 minutes, whichever comes first"."""
+    train = values.get("train")
+    other_budget = isinstance(train, dict) and any(
+        train.get(key) is not None for key in ("max_steps", "max_epochs")
+    )
+    if other_budget and "max_time" not in train:
+        return {**values, "train": {**train, "max_time": None}}
+    return values
+
+
 def config_from_dict(values: dict[str, Any]) -> Config:
     config = Config()
     if not isinstance(values, dict):
         raise Seq2SeqError("config: the top level must be a mapping of sections")
-    _update(config, values, "")
+    _update(config, budget_rule(values), "")
     validate(config)
     return config
 
@@ -345,6 +369,7 @@ def validate(config: Config) -> None:
         (t.patience >= 1, "train.patience must be >= 1"),
         (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
         (t.threads is None or t.threads >= 1, "train.threads must be >= 1"),
+        (t.prefetch >= 0, "train.prefetch must be >= 0 (0 = no prefetching)"),
         (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
         (
             t.clip_norm >= 0 and t.max_bad_steps >= 0,

@@ -1,4 +1,9 @@
-"""Numeric precision: bf16 autocast where the hardware computes it natively, else fp32."""
+"""Numeric precision: bf16 autocast where the hardware computes it natively, else fp32.
+
+Emulated bf16 (a CPU without AVX512-BF16 or AMX, a CUDA device below compute capability
+8.0 such as a T4 or V100) is slower than fp32, so a run that asks for bf16 there computes
+in fp32 and says so.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,36 @@ import contextlib
 import torch
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """bf16 where the hardware computes it natively (AMX / AVX512-BF16 CPUs, CUDA), else fp32."""
-    if precision != "bf16":
-        return None
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` itself (not the current CUDA device) computes bf16 natively.
+
+    For CUDA this is ``torch.cuda.is_bf16_supported(including_emulation=False)``'s test
+    (compute capability 8.0 or above), asked of ``device``: that function reads only the
+    current device, and older torch releases lack the argument.
+    """
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
-    native = (
+        major, _ = torch.cuda.get_device_capability(device)
+        return major >= 8
+    return device.type == "cpu" and (
         getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
         or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
     )
-    return torch.bfloat16 if native else None
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """``torch.bfloat16`` when ``precision`` is bf16 and ``device`` has it natively, else None
+    (fp32)."""
+    return torch.bfloat16 if precision == "bf16" and native_bf16(device) else None
+
+
+def describe_precision(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
+    """What a run computes in, for its first line: ``bf16 autocast on cuda:0``, ``fp32 on cpu``,
+    with a note when bf16 was asked for and is not native on ``device``."""
+    if dtype is not None:
+        return f"bf16 autocast on {device}"
+    if precision == "bf16":
+        return f"fp32 (note: bf16 is not native here, and emulated it is slower) on {device}"
+    return f"fp32 on {device}"
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

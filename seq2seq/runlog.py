@@ -77,8 +77,11 @@ def _logged_step(line: str) -> float:
         return math.inf
 
 
-def write_environment(run_dir: Path, runtime: Runtime, dtype) -> None:
-    """What someone needs to reproduce a number: versions, hardware, the command line."""
+def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
+    """What someone needs to reproduce a number: versions, hardware, the command line.
+
+    ``environment.json`` holds ``{"segments": [...]}``, one entry per stretch of training
+    (``from_step`` where it began): a run resumed on another machine records both."""
     import sentencepiece
 
     versions = {
@@ -111,8 +114,17 @@ def write_environment(run_dir: Path, runtime: Runtime, dtype) -> None:
         "precision": "bf16 autocast" if dtype else "fp32",
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "from_step": step,
     }
-    atomic_write_text(run_dir / "environment.json", json.dumps(environment, indent=2) + "\n")
+    path = run_dir / "environment.json"
+    segments = []
+    if step and path.is_file():  # a resumed run: the segments before this one stay
+        with contextlib.suppress(ValueError, OSError):
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+            segments = earlier.get("segments", [earlier])  # a record written before segments
+        segments = [seg for seg in segments if seg.get("from_step", 0) < step]
+    record = {"segments": [*segments, environment]}
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
 def say(message: str, run_dir: Path | None = None) -> None:

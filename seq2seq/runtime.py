@@ -70,7 +70,12 @@ def _resolve(device: str, local_rank: int | None) -> torch.device:
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise Seq2SeqError(f"device '{device}' asked for, but no CUDA device is available")
-        if resolved.index is None and local_rank is not None:
+        if local_rank is not None:  # under torchrun: the GPU of this process's local rank
+            if resolved.index is not None:
+                raise Seq2SeqError(
+                    f"device '{device}': under torchrun each process takes the GPU of its local "
+                    "rank; use --device cuda (CUDA_VISIBLE_DEVICES chooses which GPUs)"
+                )
             resolved = torch.device("cuda", local_rank)
         if (resolved.index or 0) >= torch.cuda.device_count():
             raise Seq2SeqError(
@@ -81,6 +86,29 @@ def _resolve(device: str, local_rank: int | None) -> torch.device:
     elif resolved.type not in ("cpu", "cuda", "mps"):
         raise Seq2SeqError(f"unsupported device '{device}' (use auto, cpu, cuda, cuda:N or mps)")
     return resolved
+
+
+def seed_ranks(seed: int, runtime: Runtime) -> None:
+    """Called once the model is built (the same initial weights everywhere): every rank
+    draws its own dropout masks from here on. Rank 0 goes on with the stream a single
+    process has, so one process and rank 0 of several draw alike."""
+    if runtime.rank:
+        torch.manual_seed(seed * 1_000_003 + runtime.rank)
+
+
+def barrier(runtime: Runtime) -> None:
+    if runtime.world > 1:
+        dist.barrier()
+
+
+def total(runtime: Runtime, *values: float) -> list[float]:
+    """Each of ``values`` summed over the ranks (float64, on every rank)."""
+    if runtime.world == 1:
+        return list(values)
+    device = runtime.device if runtime.device.type == "cuda" else "cpu"
+    summed = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(summed)
+    return summed.tolist()
 
 
 def agree(runtime: Runtime, value: Value) -> Value:

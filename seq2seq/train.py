@@ -24,7 +24,7 @@ from torch import nn
 from tqdm import tqdm
 
 from seq2seq import checkpoint
-from seq2seq.batching import Batch, TokenBatchSampler, collate
+from seq2seq.batching import Batch, Prefetcher, TokenBatchSampler, collate
 from seq2seq.compiling import (
     compile_errors,
     compiled,
@@ -33,17 +33,24 @@ from seq2seq.compiling import (
     setting_of,
     wants_compile,
 )
-from seq2seq.config import Config, DataConfig
-from seq2seq.corpora import encode_pairs, load_corpus
+from seq2seq.config import Config
 from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model import build_model
 from seq2seq.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
-from seq2seq.precision import autocast, autocast_dtype
+from seq2seq.precision import autocast, autocast_dtype, describe_precision
+from seq2seq.prepare import prepare_data
 from seq2seq.runlog import MetricsLog, say, write_environment
-from seq2seq.runtime import Runtime, StopSignals, agree, gather, setup_runtime
-from seq2seq.tokenizer import Tokenizer
+from seq2seq.runtime import (
+    Runtime,
+    StopSignals,
+    agree,
+    barrier,
+    gather,
+    seed_ranks,
+    setup_runtime,
+)
 from seq2seq.validation import save_attention_maps, validation_bleu, validation_loss
 
 
@@ -60,7 +67,8 @@ class TrainState:
     bad_validations: int = 0  # scheduled validations since patience_best improved
     bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
     valid_step: int = -1  # the step last validated
-    elapsed: float = 0.0  # seconds of wall time, carried across resumes
+    elapsed: float = 0.0  # seconds of training time, carried across resumes
+    finished: bool = False  # the end-of-run scoring and averaging are done
     stop_reason: str | None = None
 
     @classmethod
@@ -71,71 +79,6 @@ class TrainState:
             state.patience_best = state.best_bleu
         state.stop_reason = None
         return state
-
-
-# ---------------------------------------------------------------------------------------
-# Data.
-
-
-@dataclass
-class Prepared:
-    tokenizer: Tokenizer
-    train_src: list[list[int]]
-    train_tgt: list[list[int]]
-    valid_src: list[list[int]]
-    valid_tgt: list[list[int]]
-    valid_refs: list[str]
-    valid_sources: list[str]
-    summary: dict[str, Any]
-
-
-def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) -> Prepared:
-    d = config.data
-    corpus = load_corpus(
-        d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test, columns=d.columns
-    )
-    train_pairs, valid_pairs = corpus.splits["train"], corpus.splits["validation"]
-    vocab_notes: list[str] = []  # what training the tokenizer said (nothing on resume)
-    if not resume and runtime.main:
-        vocab_notes = Tokenizer.train(
-            [s for s, _ in train_pairs],
-            [t for _, t in train_pairs],
-            run_dir,
-            d.vocab_size,
-            d.spm_model_type,
-            d.joint_vocab,
-            fit_to_corpus=d.vocab_size == DataConfig.vocab_size,  # the size left at its default
-        ).notes
-    if runtime.world > 1:
-        dist.barrier()  # rank 0 has written the tokenizer
-    tokenizer = Tokenizer.load(run_dir)
-    train_src, train_tgt, n_long = encode_pairs(train_pairs, tokenizer, d.max_len)
-    corpus.count_dropped("train", f"longer than {d.max_len} subwords", n_long)
-    valid_src, valid_tgt, _ = encode_pairs(valid_pairs, tokenizer, None)
-    limit = config.model.max_positions - 1  # room for EOS / BOS
-    valid_src, valid_tgt = [s[:limit] for s in valid_src], [t[:limit] for t in valid_tgt]
-    summary = {
-        "source": corpus.source_description,
-        "pairs": {
-            "train": len(train_src),
-            **{k: len(v) for k, v in corpus.splits.items() if k != "train"},
-        },
-        "dropped": corpus.dropped,
-        "notes": corpus.notes + vocab_notes,
-    }
-    if runtime.main:
-        for note in summary["notes"]:  # e.g. columns left out, the vocabulary sized to the corpus
-            say(f"note: {note}", run_dir)
-    return Prepared(
-        tokenizer,
-        train_src,
-        train_tgt,
-        valid_src,
-        valid_tgt,
-        [t for _, t in valid_pairs],
-        [s for s, _ in valid_pairs],
-        summary,
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -201,8 +144,8 @@ class Trainer:
             atomic_write_text(
                 run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2)
             )
-            write_environment(run_dir, runtime, self.dtype)
         self.model = build_model(config.model).to(device)
+        seed_ranks(t.seed, runtime)  # the same initial weights, each rank its own dropout
         self.optimizer = build_optimizer(self.model, config)
         self.schedule = inverse_sqrt(t.warmup_steps)
         self.state = TrainState()
@@ -211,6 +154,8 @@ class Trainer:
                 run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, runtime.rank
             )
             self.state = TrainState.from_saved(counters)
+        if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
+            write_environment(run_dir, runtime, self.dtype, self.state.step)
         self.ddp = (
             nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
         )
@@ -219,20 +164,22 @@ class Trainer:
         self.forward, self.compile_errors = self.ddp, ()
         if wants_compile(t.compile, device):
             self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
+        src_lengths, tgt_lengths = self.data.train.src_lengths, self.data.train.tgt_lengths
+        self.tgt_tokens = tgt_lengths + 1  # per pair, EOS included: what the loss averages over
         self.sampler = TokenBatchSampler(
-            [len(s) + 1 for s in self.data.train_src],
-            [len(x) + 1 for x in self.data.train_tgt],
-            config.data.max_tokens,
-            t.seed,
+            src_lengths + 1, self.tgt_tokens, config.data.max_tokens, t.seed
         )
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
         )
         self.signals = StopSignals()
-        self.started = time.time() - self.state.elapsed
+        # A monotonic clock: a suspended laptop or a clock step does not count as training.
+        self.started = time.monotonic() - self.state.elapsed
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
-        self.tick, self.tick_tokens = time.time(), 0  # tokens/s since the last log line
+        self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
+        self.resumed = resume
         self.say(self.describe(resume))
+        self.say(self.budgets())
 
     def describe(self, resume: bool) -> str:
         summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
@@ -240,11 +187,35 @@ class Trainer:
             f"{summary['source']}: "
             + ", ".join(f"{k} {v}" for k, v in summary["pairs"].items())
             + f"; dropped {summary['dropped'] or 'none'}; model {n_params:,} parameters; "
-            + f"{'bf16 autocast' if self.dtype else 'fp32'} on {self.runtime.device}"
+            + describe_precision(self.config.train.precision, self.dtype, self.runtime.device)
             + (f" x{self.runtime.world} processes" if self.runtime.world > 1 else "")
+            + f"; a step takes {self.batches_per_step()} batch(es) of up to "
+            + f"{self.config.data.max_tokens} tokens"
             + ("; torch.compile" if self.compile_errors else "")
             + (f"; resuming at step {self.state.step}" if resume else "")
         )
+
+    def batches_per_step(self) -> int:
+        """Every process takes ``accum_steps`` batches of ``data.max_tokens`` a step."""
+        return self.runtime.world * self.config.train.accum_steps
+
+    def budgets(self) -> str:
+        """The budgets in force, and where the learning rate cools down."""
+        t = self.config.train
+        if t.max_time:
+            limit = f"{t.max_time:g} minutes of training"
+        elif t.max_steps:
+            limit = f"{t.max_steps} steps"
+        else:
+            limit = "no time or step limit"
+        if t.cooldown and (t.max_time or t.max_steps):
+            cool = f"; the learning rate cools down to zero over its last {t.cooldown:.0%}"
+        else:
+            cool = "; no cool-down"
+        also = [f"at most {t.max_epochs} epochs", f"patience {t.patience} validations"]
+        if t.max_time and t.max_steps:
+            also.insert(0, f"at most {t.max_steps} steps")
+        return f"budget: {limit}{cool}; " + ", ".join(also)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -252,26 +223,37 @@ class Trainer:
         s, t = self.state, self.config.train
         self.model.train()
         s.stop_reason = self.check_stop()  # a resumed run may already be over
+        if s.stop_reason is None and s.epoch >= t.max_epochs:
+            s.stop_reason = f"max_epochs {t.max_epochs}"
+        if self.resumed and s.finished and s.stop_reason:
+            self.say(
+                f"the run in {self.run_dir} is already finished ({s.stop_reason}); nothing to do "
+                "(a larger budget on the command line trains it further)"
+            )
+            self.log.close()
+            return agree(self.runtime, s)
+        s.finished = False
         with self.signals:
             while s.stop_reason is None and s.epoch < t.max_epochs:
                 self.train_epoch()
                 self.save()
             s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
             if not self.signals.received:
-                if s.valid_step != s.step and self.runtime.main:
+                if s.valid_step != s.step:
                     self.validate(scheduled=False)  # the state the budget ended on is scored
-                if t.average_last >= 2 and self.runtime.main:
+                if t.average_last >= 2:
                     self.try_average()
                 if t.attention_sentences and self.runtime.main:
                     self.save_attention(draw=True)  # the last state's maps, drawn
+                s.finished = True
             self.save()
         self.log.close()
         self.say(
             f"stopped: {s.stop_reason}; best validation BLEU {s.best_bleu:.2f} at step "
-            f"{s.best_step}; {s.step} steps, {(time.time() - self.started) / 60:.1f} min; "
+            f"{s.best_step}; {s.step} steps, {(time.monotonic() - self.started) / 60:.1f} min; "
             f"run in {self.run_dir}"
         )
-        return agree(self.runtime, s)  # validation counters live on rank 0
+        return agree(self.runtime, s)  # the elapsed time is rank 0's
 
     def train_epoch(self) -> None:
         s, t = self.state, self.config.train
@@ -284,50 +266,59 @@ class Trainer:
             leave=False,
             dynamic_ncols=True,
         )
-        self.tick, self.tick_tokens = time.time(), 0
-        while s.batch < len(batches):
-            group = batches[s.batch : s.batch + t.accum_steps]
-            try:
-                loss, n_tokens = self.train_step(group)
-            except self.compile_errors as e:  # () unless compiled: then catches nothing
-                loss, n_tokens = self.uncompile(e, group)
-            s.batch += len(group)
-            bar.update(len(group))
-            if math.isfinite(loss):
-                s.step += 1
-                self.after_step(loss, n_tokens, bar)
-            else:
-                self.skip_bad_step()
-            s.stop_reason = self.check_stop()
-            if s.stop_reason:
-                break
+        self.tick, self.tick_tokens = time.monotonic(), 0
+        per_step = self.batches_per_step()
+        groups = [batches[i : i + per_step] for i in range(s.batch, len(batches), per_step)]
+        with Prefetcher(self.my_batches, groups, t.prefetch) as ready:
+            for group, mine in zip(groups, ready, strict=False):
+                try:
+                    loss, n_tokens = self.train_step(group, mine)
+                except self.compile_errors as e:  # () unless compiled: then catches nothing
+                    loss, n_tokens = self.uncompile(e, group, mine)
+                s.batch += len(group)
+                bar.update(len(group))
+                if math.isfinite(loss):
+                    s.step += 1
+                    self.after_step(loss, n_tokens, bar)
+                else:
+                    self.skip_bad_step()
+                # several processes agree on the clock and signals every log_every steps only
+                s.stop_reason = self.check_stop(
+                    self.runtime.world == 1 or s.step % t.log_every == 0
+                )
+                if s.stop_reason:
+                    break
         bar.close()
         if s.batch >= len(batches):
             s.epoch, s.batch = s.epoch + 1, 0
-            if not t.validate_every and self.runtime.main and not self.signals.received:
+            if not t.validate_every and not self.signals.received:
                 self.validate()
             s.stop_reason = s.stop_reason or self.check_stop()
 
     # -- the steps -----------------------------------------------------------------------
 
-    def train_step(self, group: list[list[int]]) -> tuple[float, int]:
-        """One optimizer step over ``group`` (``accum_steps`` batches); returns the mean loss
-        per target token over the whole global batch (NaN for a step skipped for a
-        non-finite loss or gradient) and its target token count."""
-        t, runtime, data = self.config.train, self.runtime, self.data
-        n_total = sum(sum(len(data.train_tgt[i]) + 1 for i in idx) for idx in group)
+    def my_batches(self, group: list[list[int]]) -> list[tuple[Batch, float]]:
+        """This process's share of a step's ``group`` of batches, padded (pinned for a GPU),
+        each with its loss weight: a process left without a batch at the end of an epoch
+        takes part with the first one at weight 0, so that every process steps together."""
+        mine = group[self.runtime.rank :: self.runtime.world]
+        weighted = [(idx, 1.0) for idx in mine] or [(group[0], 0.0)]
+        pin = self.runtime.device.type == "cuda"
+        return [(collate(*self.data.train.pairs(idx)).pinned(pin), w) for idx, w in weighted]
+
+    def train_step(
+        self, group: list[list[int]], mine: list[tuple[Batch, float]]
+    ) -> tuple[float, int]:
+        """One optimizer step over ``group`` (every process's batches, ``mine`` this one's);
+        returns the mean loss per target token over the whole step (NaN for a step skipped
+        for a non-finite loss or gradient) and its target token count."""
+        t, runtime = self.config.train, self.runtime
+        n_total = int(sum(self.tgt_tokens[idx].sum() for idx in group))
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=runtime.device)
-        for micro, idx in enumerate(group):
-            shard = idx[runtime.rank :: runtime.world]
-            weight = 1.0
-            if not shard:  # fewer pairs than ranks: take part with zero weight
-                shard, weight = idx[:1], 0.0
-            batch: Batch = collate(
-                [data.train_src[i] for i in shard], [data.train_tgt[i] for i in shard]
-            )
+        for micro, (batch, weight) in enumerate(mine):
             batch = batch.to(runtime.device)
-            last = micro == len(group) - 1
+            last = micro == len(mine) - 1
             sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
             no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
             with no_sync, autocast(runtime.device, self.dtype):
@@ -338,11 +329,13 @@ class Trainer:
             loss_sum += loss.detach()
         if runtime.world > 1:
             dist.all_reduce(loss_sum)
-        mean_loss = loss_sum.item() / n_total
         # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
-        # with clipping off, an infinite max_norm measures without scaling).
+        # with clipping off, an infinite max_norm measures without scaling). Both are read in
+        # one transfer: the step's only wait for the device, which the skip decision needs.
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or math.inf)
-        if not (math.isfinite(mean_loss) and math.isfinite(norm.item())):
+        loss_total, norm = torch.stack([loss_sum.float(), norm.float()]).tolist()
+        mean_loss = loss_total / n_total
+        if not (math.isfinite(mean_loss) and math.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan, n_total
         for param_group in self.optimizer.param_groups:
@@ -351,35 +344,36 @@ class Trainer:
         self.optimizer.step()
         return mean_loss, n_total
 
-    def uncompile(self, error: BaseException, group: list[list[int]]) -> tuple[float, int]:
+    def uncompile(
+        self, error: BaseException, group: list[list[int]], mine: list[tuple[Batch, float]]
+    ) -> tuple[float, int]:
         """A compiled step failed to compile: with ``train.compile: true`` that ends the run
         in one line; with ``auto`` the run goes on eagerly, from this same step."""
         if setting_of(self.config.train.compile) == "true":
             raise failure(error) from None
         self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
         self.forward, self.compile_errors = self.ddp, ()
-        return self.train_step(group)
+        return self.train_step(group, mine)
 
     def after_step(self, loss: float, n_tokens: int, bar: tqdm) -> None:
         """Log every ``log_every`` steps; validate and save every ``validate_every``."""
         s, t = self.state, self.config.train
         self.tick_tokens += n_tokens
         if s.step % t.log_every == 0:
-            rate = self.tick_tokens / max(time.time() - self.tick, 1e-9)
+            rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
             lr = self.optimizer.param_groups[0]["lr"]
             postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
             if t.max_time:
-                left = max(0.0, t.max_time * 60 - (time.time() - self.started))
+                left = max(0.0, t.max_time * 60 - (time.monotonic() - self.started))
                 postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
             bar.set_postfix(postfix)
             values = {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": s.epoch}
             self.log.log("train", s.step, values)
-            self.tick, self.tick_tokens = time.time(), 0
+            self.tick, self.tick_tokens = time.monotonic(), 0
         if t.validate_every and s.step % t.validate_every == 0:
-            if self.runtime.main:
-                self.validate()
+            self.validate()
             self.save()
-            self.tick, self.tick_tokens = time.time(), 0  # tokens/s measures training alone
+            self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s measures training alone
 
     def skip_bad_step(self) -> None:
         s, t = self.state, self.config.train
@@ -401,30 +395,35 @@ class Trainer:
         patience, so that a run stopped by a budget and resumed stops early exactly where
         an uninterrupted run would.
         """
-        s, t, device = self.state, self.config.train, self.runtime.device
-        began = time.time()
+        s, t, runtime = self.state, self.config.train, self.runtime
+        began = time.monotonic()
         self.model.eval()
         loss = validation_loss(
-            self.model, self.data, self.config.data.max_tokens, device, self.dtype
+            self.model, self.data, self.config.data.max_tokens, runtime, self.dtype
         )
-        bleu = validation_bleu(self.model, self.data, self.config, device, self.dtype)
+        bleu = validation_bleu(self.model, self.data, self.config, runtime, self.dtype)
         s.valid_step = s.step
-        if bleu > s.best_bleu:
+        best = bleu > s.best_bleu
+        if best:
             s.best_bleu, s.best_step = bleu, s.step
-            metadata = {"step": s.step, "bleu": bleu}
-            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
         if scheduled and bleu > s.patience_best:
             s.patience_best, s.bad_validations = bleu, 0
         elif scheduled:
             s.bad_validations += 1
+        if not runtime.main:  # every rank knows the scores; rank 0 writes
+            self.model.train()
+            return
+        if best:
+            metadata = {"step": s.step, "bleu": bleu}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
         checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
         if t.attention_sentences:  # the weights now, the PNGs once at the end (see run)
             self.save_attention(draw=False)
-        minutes = (time.time() - self.started) / 60
+        minutes = (time.monotonic() - self.started) / 60
         ppl = math.exp(min(loss, 50))
         values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
         # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
-        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.time() - began}
+        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
         self.log.log("valid", s.step, {**values, **timing})
         update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
         self.say(
@@ -447,17 +446,18 @@ class Trainer:
     def try_average(self) -> None:
         """Average the last ``average_last`` kept states; keep the average as the best model
         when its validation BLEU beats the best single state's."""
-        s, t, device = self.state, self.config.train, self.runtime.device
+        s, t = self.state, self.config.train
+        barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
         kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
         if len(kept) < 2:
             return
         trained = {k: v.clone() for k, v in self.model.state_dict().items()}
         checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
         self.model.eval()
-        bleu = validation_bleu(self.model, self.data, self.config, device, self.dtype)
+        bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
         steps = [int(p.stem.removeprefix("step_")) for p in kept]
         better = bleu > s.best_bleu
-        if better:
+        if better and self.runtime.main:
             s.best_bleu, s.best_step = bleu, s.step
             metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
             checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
@@ -474,7 +474,7 @@ class Trainer:
         masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
         rng = gather(self.runtime, checkpoint.rng_state())
         if self.runtime.main:
-            self.state.elapsed = time.time() - self.started
+            self.state.elapsed = time.monotonic() - self.started
             checkpoint.save_training_state(
                 self.run_dir / checkpoint.LAST_FILE,
                 self.model,
@@ -483,23 +483,30 @@ class Trainer:
                 rng,
             )
 
-    def check_stop(self) -> str | None:
+    def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also
-        updates ``budget_used``, which the learning-rate cool-down reads."""
+        updates ``budget_used``, which the learning-rate cool-down reads. Patience and the
+        step budget are the same on every rank; the clock and signals are rank 0's, read
+        only when ``read_clock`` (one broadcast for several processes)."""
         s, t = self.state, self.config.train
-        elapsed, reason = time.time() - self.started, None
-        if self.signals.received:
-            reason = f"signal {self.signals.received}"
-        elif s.bad_validations >= t.patience:
+        reason = None
+        if s.bad_validations >= t.patience:
             reason = f"no BLEU improvement in {t.patience} validations"
         elif t.max_steps is not None and s.step >= t.max_steps:
             reason = f"max_steps {t.max_steps}"
+        if not t.max_time:
+            self.budget_used = s.step / t.max_steps if t.max_steps else 0.0
+        if not read_clock:
+            return reason
+        elapsed, clock = time.monotonic() - self.started, None
+        if self.signals.received:
+            reason, clock = None, f"signal {self.signals.received}"
         elif t.max_time and elapsed >= t.max_time * 60:
-            reason = f"max_time {t.max_time:g} min"
-        used = elapsed / (t.max_time * 60) if t.max_time else 0.0
-        # one broadcast for both: every rank cools the learning rate down by the same factor
-        reason, self.budget_used = agree(self.runtime, (reason, used))
-        return reason
+            clock = f"max_time {t.max_time:g} min"
+        used = elapsed / (t.max_time * 60) if t.max_time else self.budget_used
+        # every rank stops, and cools the learning rate down, by rank 0's clock
+        clock, self.budget_used = agree(self.runtime, (clock, used))
+        return clock if clock and (reason is None or clock.startswith("signal")) else reason
 
     def say(self, message: str) -> None:
         if self.runtime.main:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import sacrebleu
 import torch
@@ -16,32 +15,44 @@ from seq2seq.evaluate import bleu_tokenize
 from seq2seq.model import Seq2Seq
 from seq2seq.optim import sequence_loss
 from seq2seq.precision import autocast
+from seq2seq.prepare import Prepared
+from seq2seq.runtime import Runtime, gather, total
 from seq2seq.translate import translate_ids
 from seq2seq.vocab import EOS_ID
 
-if TYPE_CHECKING:
-    from seq2seq.train import Prepared  # the trainer's encoded data
-
 
 @torch.inference_mode()
-def validation_loss(model: nn.Module, data: Prepared, max_tokens: int, device, dtype) -> float:
-    total, tokens = 0.0, 0
-    for idx in batches_of(data.valid_src, data.valid_tgt, max_tokens):
-        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx]).to(
-            device
-        )
-        with autocast(device, dtype):
+def validation_loss(
+    model: nn.Module, data: Prepared, max_tokens: int, runtime: Runtime, dtype
+) -> float:
+    """Loss per target token over the validation split; several processes take a share of
+    the batches each and add up."""
+    loss = tokens = 0.0
+    batches = batches_of(data.valid_src, data.valid_tgt, max_tokens)
+    for idx in batches[runtime.rank :: runtime.world]:
+        batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx])
+        batch = batch.to(runtime.device)
+        with autocast(runtime.device, dtype):
             logits = model(batch.src, batch.tgt_in)
-        total += sequence_loss(logits, batch.tgt_out, 0.0).item()
+        loss += sequence_loss(logits, batch.tgt_out, 0.0).item()
         tokens += batch.n_tgt_tokens
-    return total / max(tokens, 1)
+    loss, tokens = total(runtime, loss, tokens)
+    return loss / max(tokens, 1)
 
 
-def validation_bleu(model: Seq2Seq, data: Prepared, config: Config, device, dtype) -> float:
-    """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs."""
+def validation_bleu(
+    model: Seq2Seq, data: Prepared, config: Config, runtime: Runtime, dtype
+) -> float:
+    """Greedy BLEU on the first ``train.valid_bleu_sentences`` validation pairs. Several
+    processes decode every world-th sentence each and all score the gathered whole, so
+    that every rank knows the score (and none waits long in a collective)."""
     n = min(config.train.valid_bleu_sentences, len(data.valid_src))
-    hyps = translate_ids(model, data.valid_src[:n], greedy(config), device=device, dtype=dtype)
-    text = [data.tokenizer.decode(h.tokens, "tgt") for h in hyps]
+    mine = list(range(runtime.rank, n, runtime.world))
+    hyps = translate_ids(
+        model, [data.valid_src[i] for i in mine], greedy(config), device=runtime.device, dtype=dtype
+    )
+    shards = gather(runtime, [data.tokenizer.decode(h.tokens, "tgt") for h in hyps])
+    text = [shards[i % runtime.world][i // runtime.world] for i in range(n)]
     tokenize = bleu_tokenize(config.data.tgt)
     return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]], tokenize=tokenize).score
 

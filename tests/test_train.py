@@ -53,6 +53,9 @@ TINY = {
     "train.precision": "fp32",  # bf16 where the CPU has it changes the last digits compared
     "train.keep_last": 0,  # no checkpoint averaging unless a test asks for it
     "train.average_last": 0,
+    # The cool-down follows a step budget too; these tests interrupt a run by giving it a
+    # smaller budget, which resumes exactly only without one (tests that want it set it).
+    "train.cooldown": 0,
 }
 
 
@@ -128,11 +131,37 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_resuming_a_finished_run_takes_no_extra_step(tmp_path):
-    train(tiny_config(train__max_steps=3), tmp_path / "run", progress=False)
-    state = train(tiny_config(train__max_steps=3), tmp_path / "run", resume=True, progress=False)
-    assert state["step"] == 3 and state["stop_reason"] == "max_steps 3"
-    assert sorted(train_losses(tmp_path / "run")) == [1, 2, 3]
+def test_resuming_a_finished_run_takes_no_extra_step(tmp_path, capsys):
+    run = tmp_path / "run"
+    averaging = dict(train__validate_every=2, train__keep_last=2, train__average_last=2)
+    train(tiny_config(train__max_steps=4, **averaging), run, progress=False)
+    log_before = (run / "train.log").read_text()
+    state = train(tiny_config(train__max_steps=4, **averaging), run, resume=True, progress=False)
+    assert state["step"] == 4 and state["stop_reason"] == "max_steps 4"
+    assert sorted(train_losses(run)) == [1, 2, 3, 4]
+    # nothing redone: one averaging line, no new validation, the run only says it is done
+    assert len(read_metrics(run, "average")) == 1 and len(read_metrics(run, "valid")) == 2
+    assert "already finished (max_steps 4); nothing to do" in capsys.readouterr().err
+    assert (run / "train.log").read_text().startswith(log_before)
+
+
+def test_a_step_budget_alone_means_no_time_budget_and_cools_down_over_its_steps(tmp_path, capsys):
+    from seq2seq.optim import inverse_sqrt
+
+    config = tiny_config(train__max_steps=20, train__cooldown=0.5)
+    assert config.train.max_time is None  # not the default 30 minutes as well
+    train(config, tmp_path / "run", progress=False)
+    err = capsys.readouterr().err
+    assert "budget: 20 steps; the learning rate cools down to zero over its last 50%" in err
+    schedule = inverse_sqrt(10)
+    factors = [
+        r["lr"] / (0.003 * schedule(r["step"])) for r in read_metrics(tmp_path / "run", "train")
+    ]
+    # step k is taken with (k - 1) / 20 of the budget spent: full rate to step 11, then linear
+    expected = [min(1.0, (1 - (k - 1) / 20) / 0.5) for k in range(1, 21)]
+    assert factors == pytest.approx(expected)
+    timed = tiny_config(train__max_steps=20, train__max_time=5)  # both given: both in force
+    assert (timed.train.max_time, timed.train.max_steps) == (5, 20)
 
 
 def test_early_stopping_with_patience(tmp_path):
@@ -156,7 +185,7 @@ def test_validation_line_and_attention_maps(tmp_path, capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("step 11 epoch 1: valid loss")]
     assert len(lines) == 1 and all(w in lines[0] for w in (" ppl ", " BLEU ", " min")), err
-    assert "; fp32 on cpu" in err or "bf16 autocast" in err
+    assert "; fp32 on cpu" in err  # as the config pins it, even on a CPU with native bf16
     assert [r["step"] for r in read_metrics(tmp_path / "run", "valid")] == [11, 13]
     assert all(r["valid_s"] > 0 for r in read_metrics(tmp_path / "run", "valid"))  # its cost
 
@@ -211,8 +240,12 @@ def test_resume_survives_a_metrics_line_cut_short(tmp_path):
 def test_precision_choice(monkeypatch):
     cpu = torch.device("cpu")
     assert autocast_dtype("fp32", cpu) is None
-    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    assert autocast_dtype("bf16", cpu) == (torch.bfloat16 if native else None)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert autocast_dtype("bf16", cpu) is None  # emulated bf16 is slower than fp32
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert autocast_dtype("bf16", cpu) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     assert autocast_dtype("bf16", cpu) == torch.bfloat16
 
@@ -319,17 +352,25 @@ def test_torchrun_two_processes_equal_one_process_and_only_rank_0_writes(tmp_pat
         ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    train(tiny_config(**changes), tmp_path / "single", progress=False)
+    # data.max_tokens is per process: two processes step like one accumulating two batches
+    train(tiny_config(**changes, train__accum_steps=2), tmp_path / "single", progress=False)
 
     ddp, single = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "single")
     assert sorted(ddp) == list(range(1, steps + 1))  # one line per step: one writer
-    for step in range(1, steps + 1):  # the same global batches; only the sum order differs
+    for step in range(1, steps + 1):  # the same batches in each step; only the sum order differs
         assert ddp[step] == pytest.approx(single[step], rel=1e-4), step
+    # validation is decoded in shares and gathered: the same scores as one process's
+    (ddp_valid,), (single_valid,) = (
+        read_metrics(tmp_path / "ddp", "valid"),
+        read_metrics(tmp_path / "single", "valid"),
+    )
+    assert ddp_valid["loss"] == pytest.approx(single_valid["loss"], rel=1e-4)
+    assert ddp_valid["bleu"] == pytest.approx(single_valid["bleu"], abs=1e-6)
     assert sorted(p.name for p in (tmp_path / "ddp").iterdir()) == sorted(
         p.name for p in (tmp_path / "single").iterdir()
     )
     assert result.stderr.count("stopped: max_steps") == 1
-    assert result.stderr.count("x2 processes") == 1
+    assert result.stderr.count("x2 processes; a step takes 2 batch(es) of up to 160 tokens") == 1
     assert result.stderr.count("valid loss") == len(read_metrics(tmp_path / "ddp", "valid")) == 1
 
 
@@ -349,6 +390,16 @@ def test_torchrun_resume_is_exact(tmp_path):
         train(tiny_config(train__max_steps=18), out + "/straight", progress=False)
         train(tiny_config(train__max_steps=7), out + "/interrupted", progress=False)
         train(tiny_config(train__max_steps=18), out + "/interrupted", resume=True, progress=False)
+        # once the model is built, each rank draws its own dropout masks; rank 0 goes on as
+        # one process would
+        import json, torch
+        from seq2seq.runtime import gather, seed_ranks, setup_runtime
+        runtime = setup_runtime("cpu", 1)
+        torch.manual_seed(5)
+        seed_ranks(5, runtime)
+        draws = gather(runtime, torch.rand(3).tolist())
+        if runtime.main:
+            open(out + "/draws.json", "w").write(json.dumps(draws))
     """)
     )
     result = torchrun([str(script)])
@@ -362,6 +413,9 @@ def test_torchrun_resume_is_exact(tmp_path):
         assert interrupted[step] == pytest.approx(straight[step], rel=0, abs=1e-6), step
     tensors, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
     assert not torch.equal(tensors["rng.torch"], tensors["rng.torch.1"])  # one state per rank
+    rank0, rank1 = json.loads((tmp_path / "draws.json").read_text())
+    torch.manual_seed(5)
+    assert rank0 == torch.rand(3).tolist() and rank1 != rank0
 
 
 def test_cli_train_flags_reach_the_config(tmp_path):
@@ -400,10 +454,14 @@ def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, cap
     resumed = ["train", "--out", str(run), "--resume", "--max-steps", "3", "--no-progress"]
     assert main([*resumed, "--set", "train.lr=0.5"]) == 0
     saved = checkpoint.load_config_file(run).train
-    assert (saved.max_time, saved.patience, saved.validate_every) == (30, 3, 50)
+    # a step budget given alone is the only budget, on --resume too: no time limit
+    assert (saved.max_time, saved.patience, saved.validate_every) == (None, 3, 50)
     assert (saved.max_steps, saved.threads, saved.lr) == (3, 1, 0.003)
     err = capsys.readouterr().err
     assert "note: --resume keeps the run's recipe; ignored: train.lr" in err
+    assert main([*resumed[:-3], "--set", "train.patience=4", "--no-progress"]) == 0
+    saved = checkpoint.load_config_file(run).train  # no budget given: every one kept
+    assert (saved.max_time, saved.max_steps, saved.patience) == (None, 3, 4)
 
 
 def test_a_budget_stops_final_validation_does_not_count_toward_patience(tmp_path, monkeypatch):
@@ -441,11 +499,11 @@ def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
         copy.deepcopy(trainer.optimizer.state_dict()),
     )
     first, second = list(range(0, 3)), list(range(3, 8))
-    loss_accum, n_accum = trainer.train_step([first, second])
+    loss_accum, n_accum = trainer.train_step([first, second], trainer.my_batches([first, second]))
     accumulated = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.model.load_state_dict(model0)
     trainer.optimizer.load_state_dict(optim0)
-    loss_one, n_one = trainer.train_step([first + second])
+    loss_one, n_one = trainer.train_step([first + second], trainer.my_batches([first + second]))
     assert n_accum == n_one
     assert loss_accum == pytest.approx(loss_one, rel=1e-6)
     for name, value in trainer.model.state_dict().items():
@@ -489,7 +547,7 @@ def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
         clock.now += 0.5
         return clock.now
 
-    monkeypatch.setattr("seq2seq.train.time", SimpleNamespace(time=fake_time))
+    monkeypatch.setattr("seq2seq.train.time", SimpleNamespace(monotonic=fake_time))
     schedule = inverse_sqrt(10)
     shares = {}
     for share in (0.5, 0.0):
@@ -513,12 +571,14 @@ def test_train_log_and_environment_record_the_run(tmp_path):
     log = (run / "train.log").read_text()
     assert log.count("stopped: max_steps") == 2  # appended across --resume
     assert "valid loss" in log and "resuming at step 12" in log
-    environment = json.loads((run / "environment.json").read_text())
-    assert {"python", "torch", "sentencepiece", "sacrebleu", "seq2seq"} <= set(
-        environment["versions"]
-    )
-    assert environment["threads"] >= 1 and environment["cpu"]
-    assert environment["git_commit"] is None or len(environment["git_commit"]) == 40
+    segments = json.loads((run / "environment.json").read_text())["segments"]
+    assert [seg["from_step"] for seg in segments] == [0, 12]  # one entry per segment
+    for environment in segments:
+        assert {"python", "torch", "sentencepiece", "sacrebleu", "seq2seq"} <= set(
+            environment["versions"]
+        )
+        assert environment["threads"] >= 1 and environment["cpu"]
+        assert environment["git_commit"] is None or len(environment["git_commit"]) == 40
 
 
 @pytest.mark.parametrize(
@@ -552,21 +612,52 @@ def test_device_auto_takes_cuda_then_mps_then_cpu(monkeypatch):
     assert runtime.setup_runtime("cpu", threads=1).device == torch.device("cpu")
 
 
-def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(tmp_path):
+def test_under_torchrun_each_rank_takes_its_local_gpu_and_an_explicit_one_is_refused(
+    monkeypatch,
+):
+    from seq2seq import runtime
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert runtime._resolve("cuda", local_rank=3) == torch.device("cuda", 3)
+    assert runtime._resolve("auto", local_rank=2) == torch.device("cuda", 2)
+    assert runtime._resolve("cuda:1", local_rank=None) == torch.device("cuda", 1)
+    with pytest.raises(Seq2SeqError, match="each process takes the GPU of its local rank"):
+        runtime._resolve("cuda:1", local_rank=0)
+
+
+@pytest.mark.parametrize("average_bleu, kept", [(4.0, True), (3.0, False), (2.5, False)])
+def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(
+    tmp_path, monkeypatch, average_bleu, kept
+):
+    from seq2seq import train as train_module
+
+    # validation BLEU at steps 10, 20 (the best single state), 30 and 40, then the average's
+    scores = iter([1.0, 3.0, 2.0, 1.5, average_bleu])
+    monkeypatch.setattr(train_module, "validation_bleu", lambda *args, **kwargs: next(scores))
     run = tmp_path / "run"
     config = tiny_config(
         train__max_steps=40, train__validate_every=10, train__keep_last=3, train__average_last=3
     )
     state = train(config, run, progress=False)
-    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert kept == ["step_20.safetensors", "step_30.safetensors", "step_40.safetensors"]
+    assert [r["bleu"] for r in read_metrics(run, "valid")] == [1.0, 3.0, 2.0, 1.5]
+    states = checkpoint.kept_checkpoints(run)
+    assert [p.name for p in states] == [f"step_{n}.safetensors" for n in (20, 30, 40)]
     [average] = read_metrics(run, "average")
-    assert average["steps"] == [20, 30, 40]
-    _, best = checkpoint.read_tensors(run / checkpoint.BEST_FILE)
-    if average["kept"]:
-        assert best["averaged_steps"] == [20, 30, 40] and state["best_bleu"] == average["bleu"]
+    assert average["steps"] == [20, 30, 40] and average["bleu"] == average_bleu
+    assert average["kept"] is kept  # the line says whether the average became the model
+    weights, best = checkpoint.read_tensors(run / checkpoint.BEST_FILE)
+    if kept:
+        expected = checkpoint.average_checkpoints(states)
+        assert best["averaged_steps"] == [20, 30, 40] and best["bleu"] == average_bleu
+        assert state["best_bleu"] == average_bleu
     else:
-        assert "averaged_steps" not in best and state["best_bleu"] >= average["bleu"]
+        expected, _ = checkpoint.read_tensors(states[0])  # step 20's weights
+        assert "averaged_steps" not in best and (best["step"], best["bleu"]) == (20, 3.0)
+        assert (state["best_bleu"], state["best_step"]) == (3.0, 20)
+    assert weights.keys() == expected.keys()
+    for name in weights:
+        torch.testing.assert_close(weights[name], expected[name], rtol=0, atol=0, msg=name)
 
 
 # -- train.compile ----------------------------------------------------------------------
@@ -623,10 +714,13 @@ def test_compile_auto_that_fails_falls_back_to_eager(tmp_path, monkeypatch, comp
     assert "note: torch.compile failed here" in log and "training eagerly" in log
 
 
-def test_compile_auto_is_eager_where_no_measurement_showed_a_win():
-    from seq2seq.compiling import COMPILE_WINS, wants_compile
+def test_compile_auto_is_eager_where_no_measurement_showed_a_win(monkeypatch):
+    from seq2seq import compiling
+    from seq2seq.compiling import wants_compile
 
-    cpu = torch.device("cpu")
-    assert wants_compile("auto", cpu) == ("cpu" in COMPILE_WINS)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert not wants_compile("auto", cpu)  # measured slower than eager (compiling.py)
+    monkeypatch.setattr(compiling, "COMPILE_WINS", frozenset({"cuda"}))
+    assert wants_compile("auto", cuda) and not wants_compile("auto", cpu)
     assert wants_compile(True, cpu) and wants_compile("true", cpu)
     assert not wants_compile(False, cpu) and not wants_compile("false", cpu)

@@ -1,0 +1,77 @@
+"""bf16 only where the device computes it natively; elsewhere fp32, said in the run's log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from test_train import tiny_config, train_losses
+
+from seq2seq import precision
+from seq2seq.precision import autocast_dtype
+from seq2seq.train import train
+
+
+class TwoGpus:
+    """cuda:0 an A100 (compute capability 8.0), cuda:1 a T4 (7.5), as torch.cuda reports
+    them: ``is_bf16_supported()`` reads the current device and, by default, counts the
+    T4's emulated bf16 (slower than fp32) as support."""
+
+    capability = {0: (8, 0), 1: (7, 5)}
+    current = 0
+
+    def get_device_capability(self, device=None) -> tuple[int, int]:
+        index = None if device is None else torch.device(device).index
+        return self.capability[self.current if index is None else index]
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return including_emulation or self.capability[self.current] >= (8, 0)
+
+
+@pytest.fixture
+def gpus(monkeypatch) -> TwoGpus:
+    fake = TwoGpus()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: fake.current)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", fake.get_device_capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", fake.is_bf16_supported)
+    return fake
+
+
+def test_a_cuda_device_below_capability_8_gets_fp32(gpus):
+    gpus.current = 1
+    assert autocast_dtype("bf16", torch.device("cuda:1")) is None
+
+
+def test_a_cuda_device_of_capability_8_gets_bf16(gpus):
+    assert autocast_dtype("bf16", torch.device("cuda:0")) == torch.bfloat16
+    assert autocast_dtype("fp32", torch.device("cuda:0")) is None
+
+
+def test_the_device_asked_for_is_checked_not_the_current_one(gpus):
+    gpus.current = 1
+    assert autocast_dtype("bf16", torch.device("cuda:0")) == torch.bfloat16
+    gpus.current = 0
+    assert autocast_dtype("bf16", torch.device("cuda:1")) is None
+
+
+def test_a_bf16_config_without_native_bf16_trains_in_fp32_and_says_so(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    train(
+        tiny_config(train__max_steps=3, train__precision="bf16"), tmp_path / "bf16", progress=False
+    )
+    line = next(x for x in capsys.readouterr().err.splitlines() if "parameters;" in x)
+    assert "; fp32 (note: bf16 is not native here, and emulated it is slower) on cpu" in line
+    assert "bf16 autocast" not in line
+    [segment] = json.loads((tmp_path / "bf16" / "environment.json").read_text())["segments"]
+    assert segment["precision"] == "fp32"
+    assert "fp32 (note: bf16 is not native here" in (tmp_path / "bf16" / "train.log").read_text()
+
+    # The same numbers as a run that asked for fp32 (bf16 autocast changes the last digits).
+    train(
+        tiny_config(train__max_steps=3, train__precision="fp32"), tmp_path / "fp32", progress=False
+    )
+    assert train_losses(tmp_path / "bf16") == train_losses(tmp_path / "fp32")
+    assert "; fp32 on cpu" in capsys.readouterr().err
