@@ -27,13 +27,14 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from seq2seq.config import Config, config_from_dict, config_to_dict
+from seq2seq.config import Config, budget_rule, config_from_dict, config_to_dict
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_path, atomic_write_text
 
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"
 LAST_FILE = "last.safetensors"
+AVERAGED_FILE = "averaged.safetensors"  # what `seq2seq average` writes by default
 KEPT_DIR = "checkpoints"  # the last validated states' weights, step_N.safetensors
 
 # What a run writes; --overwrite removes these (and nothing else) so that no file of the
@@ -42,6 +43,7 @@ RUN_FILES = (
     CONFIG_FILE,
     BEST_FILE,
     LAST_FILE,
+    AVERAGED_FILE,
     "metrics.jsonl",
     "data_summary.json",
     "environment.json",
@@ -51,7 +53,9 @@ RUN_FILES = (
     "spm_src.model",
     "spm_tgt.model",
 )
-RUN_GLOBS = ("hyps.*",)  # written by `seq2seq evaluate`
+# `seq2seq evaluate`'s hypotheses and scores; `seq2seq average -o NAME.safetensors`, kept in
+# the run because a weights file loads with its run's config and tokenizer: never the new run's.
+RUN_GLOBS = ("hyps.*", "*.safetensors")
 RUN_DIRS = ("attention", "tensorboard", KEPT_DIR)
 # What a resumed run may take from its command line (budgets, stopping, logging, hardware);
 # the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
@@ -139,7 +143,7 @@ def resume_config(run_dir: Path, given: dict[str, Any]) -> tuple[Config, list[st
     """
     saved = config_to_dict(load_config_file(run_dir))
     ignored = []
-    for section, values in given.items():
+    for section, values in budget_rule(given).items():
         for key, value in (values or {}).items() if isinstance(values, dict) else ():
             if section == "train" and key in RESUME_BUDGETS:
                 saved["train"][key] = value
@@ -240,8 +244,18 @@ def save_model(model: nn.Module, path: Path, metadata: dict[str, Any]) -> None:
     write_tensors(path, unique_state(model), metadata)
 
 
+def _is_training_state(tensors: dict[str, Tensor], metadata: dict[str, Any]) -> bool:
+    return "rng.torch" in tensors and "optim_param_groups" in metadata
+
+
 def load_model(model: nn.Module, path: Path) -> dict[str, Any]:
     tensors, metadata = read_tensors(path)
+    if _is_training_state(tensors, metadata):
+        raise Seq2SeqError(
+            f"{path} is a training state (what train --resume reads), not model weights: pass "
+            f"the run directory {path.parent} for its best weights, or a weights file such as "
+            f"{AVERAGED_FILE} or {KEPT_DIR}/step_N.safetensors in it"
+        )
     load_weights_into(model, tensors, path)
     return metadata
 
@@ -290,7 +304,7 @@ def load_training_state(
     A rank the saved run did not have (more processes now) takes rank 0's RNG.
     """
     tensors, counters = read_tensors(path)
-    if "rng.torch" not in tensors or "optim_param_groups" not in counters:
+    if not _is_training_state(tensors, counters):
         raise Seq2SeqError(f"{path}: not a training state (no optimizer or RNG state)")
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     load_weights_into(model, weights, path)
@@ -359,7 +373,11 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Tensor]:
 
 def average_run(run_dir: Path, last: int, out: Path | None = None) -> tuple[Path, list[Path]]:
     """Average the newest ``last`` kept checkpoints of ``run_dir`` into ``out`` (default
-    ``run_dir/averaged.safetensors``), a weights file every command loads."""
+    ``run_dir/averaged.safetensors``), a weights file every command loads.
+
+    ``out`` must be a ``.safetensors`` file in ``run_dir`` itself: a weights file loads with
+    the config and tokenizer of the run that holds it, and goes with it on ``--overwrite``.
+    """
     kept = kept_checkpoints(run_dir)
     if not kept:
         raise Seq2SeqError(
@@ -368,10 +386,23 @@ def average_run(run_dir: Path, last: int, out: Path | None = None) -> tuple[Path
     if last < 1:
         raise Seq2SeqError(f"--last must be >= 1, got {last}")
     chosen = kept[-last:]
-    out = out or run_dir / "averaged.safetensors"
+    out = _average_path(run_dir, out)
     steps = [int(p.stem.removeprefix("step_")) for p in chosen]
     write_tensors(out, average_checkpoints(chosen), {"averaged_steps": steps})
     return out, chosen
+
+
+def _average_path(run_dir: Path, out: Path | None) -> Path:
+    if out is None:
+        return run_dir / AVERAGED_FILE
+    if out.suffix != ".safetensors" or out.resolve().parent != run_dir.resolve():
+        raise Seq2SeqError(
+            f"-o {out}: the average must be a .safetensors file in {run_dir} itself, "
+            "which holds the config and tokenizer it loads with"
+        )
+    if out.name in (BEST_FILE, LAST_FILE):
+        raise Seq2SeqError(f"-o {out}: that is the run's own {out.name}; name another file")
+    return out
 
 
 def split_run_path(path: str | Path) -> tuple[Path, Path | None]:

@@ -31,7 +31,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         "--data",
         default=defaults.data,
         help="registry name (data/corpora.yaml), Hub id, folder of {split}.{lang}[.gz] files, "
-        "TSV file or folder (default: %(default)s, the Multi30k copy in the repository)",
+        "TSV file or folder (default: %(default)s, the Multi30k copy that ships with seq2seq)",
     )
     p.add_argument("--src", default=defaults.src, help="source language (default: %(default)s)")
     p.add_argument("--tgt", default=defaults.tgt, help="target language (default: %(default)s)")
@@ -45,8 +45,15 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         type=int,
         help=f"default: sized to the corpus, at most {defaults.vocab_size}",
     )
-    p.add_argument(
-        "--max-len", type=int, default=defaults.max_len, help="subwords per side for training pairs"
+    cli_decode.add_renamed(
+        p,
+        "--max-train-len",
+        "--max-len",  # which now means an output's length cap alone (attention, serve)
+        type=int,
+        default=defaults.max_len,
+        metavar="N",
+        help="drop training pairs longer than this many subwords a side (default: "
+        "%(default)s, data.max_len)",
     )
     p.add_argument(
         "--max-tokens",
@@ -86,7 +93,7 @@ def _run_data(args: argparse.Namespace) -> int:
                 args.vocab_size or defaults.vocab_size,
                 fit_to_corpus=args.vocab_size is None,
             )
-    report = data_report(corpus, tokenizer, args.max_len, args.max_tokens)
+    report = data_report(corpus, tokenizer, args.max_train_len, args.max_tokens)
     print(format_data_report(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,14 +160,24 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one config value (repeatable), e.g. --set train.lr=5e-4",
     )
-    p.add_argument("--max-epochs", type=int)
     p.add_argument(
         "--max-time",
         type=float,
         metavar="MINUTES",
-        help="wall-time budget in minutes (default 30; 0 = none, stop by patience or epochs)",
+        help="training-time budget in minutes (default 30; 0 = none, stop by patience or "
+        "epochs); the learning rate cools down over its last 30%% (train.cooldown)",
     )
-    p.add_argument("--max-steps", type=int)
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="step budget; without --max-time it is the only budget (no 30-minute limit) and "
+        "the cool-down follows it",
+    )
+    p.add_argument(
+        "--max-epochs",
+        type=int,
+        help="epoch budget (default 100); without --max-time there is no time limit",
+    )
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help=cli_decode.DEVICE_HELP)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
@@ -237,7 +254,11 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--last", type=int, default=5, help="how many (default: %(default)s)")
     p.add_argument(
-        "-o", "--output", type=Path, help="weights file (default: RUN_DIR/averaged.safetensors)"
+        "-o",
+        "--output",
+        type=Path,
+        help="a .safetensors file in RUN_DIR itself, whose config and tokenizer it loads with "
+        "(default: RUN_DIR/averaged.safetensors)",
     )
     p.set_defaults(run=_run_average)
 

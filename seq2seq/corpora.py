@@ -31,7 +31,11 @@ from seq2seq.tsv import LANG_CODE, tsv_layout, tsv_pairs
 
 SPLITS = ("train", "validation", "test")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REGISTRY = REPO_ROOT / "data" / "corpora.yaml"
+# The folder whose data/ holds the registry and the corpora that ship: the package itself when
+# installed from a wheel (pyproject.toml puts data/ in it), else the checkout.
+_PACKAGE = Path(__file__).resolve().parent
+DATA_ROOT = _PACKAGE if (_PACKAGE / "data" / "corpora.yaml").is_file() else REPO_ROOT
+REGISTRY = DATA_ROOT / "data" / "corpora.yaml"
 # Where anything a run downloads or prepares goes: data/cache/ (git-ignored) in a checkout.
 _CHECKOUT_CACHE = REPO_ROOT / "data" / "cache"
 _DEFAULT_CACHE = (
@@ -177,7 +181,7 @@ def _read_tsv_source(
 def _tsv_path(data: str) -> Path:
     """The TSV file or folder ``data`` names (a path, or a registry name), for ``columns``."""
     entry = _registry().get(data, {})
-    path = REPO_ROOT / entry["path"] if "path" in entry else Path(data).expanduser()
+    path = DATA_ROOT / entry["path"] if "path" in entry else Path(data).expanduser()
     if path.suffix == ".tsv" and path.is_file() or path.is_dir() and any(path.glob("*.tsv")):
         return path
     raise Seq2SeqError(
@@ -193,7 +197,7 @@ def _local_alternatives(name: str) -> list[str]:
     return [
         f"--data {key}"
         for key, entry in own_first
-        if "path" in entry and (REPO_ROOT / entry["path"]).is_dir()
+        if "path" in entry and (DATA_ROOT / entry["path"]).is_dir()
     ]
 
 
@@ -286,7 +290,7 @@ def _read_source(
     if data in registry:
         entry = registry[data]
         if "path" in entry:
-            folder = REPO_ROOT / entry["path"]
+            folder = DATA_ROOT / entry["path"]
             if not folder.is_dir():
                 raise Seq2SeqError(
                     f"corpus '{data}' should be in {folder}, which is missing; "

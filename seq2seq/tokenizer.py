@@ -4,16 +4,21 @@ One model serves both sides when the vocabulary is joint (the default, so source
 and output embeddings can be one matrix); otherwise each side has its own. Byte fallback
 means no input is unrepresentable: a character never seen in training becomes its UTF-8
 bytes instead of ``<unk>``, and ``decode(encode(x))`` gives back the normalised ``x``.
+
+SentencePiece trains and batch-encodes on as many threads as torch's intra-op pool has:
+``train.threads`` where a run sets it (``runtime.setup_runtime``), else torch's default
+(the physical cores, or ``OMP_NUM_THREADS``), so one setting governs a process's CPU use.
 """
 
 from __future__ import annotations
 
 import io
-import os
 import re
+from functools import cached_property
 from pathlib import Path
 
 import sentencepiece as spm
+import torch
 
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_bytes
@@ -93,7 +98,7 @@ def _train_model(texts: list[str], path: Path, vocab_size: int, model_type: str)
                 byte_fallback=True,
                 input_sentence_size=_MAX_TRAINING_SENTENCES,
                 shuffle_input_sentence=True,
-                num_threads=os.cpu_count() or 1,
+                num_threads=torch.get_num_threads(),
                 minloglevel=2,
             )
         except RuntimeError as e:
@@ -231,7 +236,7 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str], side: str) -> list[list[int]]:
         texts = [_valid_unicode(t) for t in texts]
-        return self._model(side).encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+        return self._model(side).encode(texts, out_type=int, num_threads=torch.get_num_threads())
 
     def decode(self, ids: list[int], side: str) -> str:
         kept = []
@@ -241,6 +246,18 @@ class Tokenizer:
             if i not in (PAD_ID, BOS_ID):
                 kept.append(int(i))
         return self._model(side).decode(kept)
+
+    @cached_property
+    def special_pieces(self) -> frozenset[str]:
+        """The pieces SentencePiece types control or unknown (``<pad>``, ``<unk>``, ``<s>``,
+        ``</s>``) on either side: each a word of its own (``seq2seq.words``). Byte-fallback
+        pieces (``<0xF0>``) look alike but are not: they spell a character of their word."""
+        return frozenset(
+            model.id_to_piece(i)
+            for model in self._models.values()
+            for i in range(model.get_piece_size())
+            if model.is_control(i) or model.is_unknown(i)
+        )
 
     def pieces(self, ids: list[int], side: str) -> list[str]:
         """Subword strings for plot labels; specials read ``<pad>``, ``<unk>``, ``<s>``, ``</s>``."""

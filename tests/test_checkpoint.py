@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -144,6 +145,83 @@ def test_average_command_writes_weights_every_command_loads(copy_of, tmp_path, c
     assert "no checkpoints to average" in capsys.readouterr().err
 
 
+def _keep_two(run: Path) -> None:
+    kept = run / checkpoint.KEPT_DIR
+    kept.mkdir(exist_ok=True)
+    for step in (11, 12):
+        shutil.copy(run / checkpoint.BEST_FILE, kept / f"step_{step}.safetensors")
+
+
+def test_average_writes_a_named_file_into_its_run_which_every_command_loads(copy_of, capsys):
+    _keep_two(copy_of)
+    out = copy_of / "last2.safetensors"
+    assert main(["average", str(copy_of), "--last", "2", "-o", str(out)]) == 0
+    assert main(["translate", str(out), "ein Hund"]) == 0
+    assert capsys.readouterr().out.count("\n") == 2  # the average's line, the translation
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("elsewhere.safetensors", "must be a .safetensors file in .*run itself"),
+        ("run/averaged.pt", "must be a .safetensors file in"),
+        ("run/checkpoints/avg.safetensors", "must be a .safetensors file in"),
+        ("run/last.safetensors", "that is the run's own last.safetensors"),
+        ("run/model.safetensors", "that is the run's own model.safetensors"),
+    ],
+)
+def test_average_refuses_a_file_no_command_could_load_with_its_run(
+    copy_of, tmp_path, capsys, where, message
+):
+    _keep_two(copy_of)
+    before = _files(tmp_path)
+    assert main(["average", str(copy_of), "-o", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: -o ") and err.count("\n") == 1
+    assert re.search(message, err)
+    assert _files(tmp_path) == before  # nothing written, nothing replaced
+
+
+def _files(folder: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "command", [["evaluate", "--split", "validation"], ["translate", "ein Hund"]]
+)
+def test_a_training_state_in_place_of_weights_says_what_to_pass(run_dir, capsys, command):
+    assert main([command[0], str(run_dir / checkpoint.LAST_FILE), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "last.safetensors is a training state (what train --resume reads)" in err
+    assert f"pass the run directory {run_dir} for its best weights" in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_overwrite_leaves_nothing_the_old_run_or_its_commands_wrote(tmp_path, capsys):
+    run = tmp_path / "run"
+    recipe = dict(train__validate_every=2, train__keep_last=2, train__average_last=2)
+    train(
+        tiny_config(train__max_steps=4, train__attention_sentences=1, **recipe), run, progress=False
+    )
+    assert main(["average", str(run), "--last", "2"]) == 0
+    assert main(["average", str(run), "--last", "1", "-o", str(run / "newest.safetensors")]) == 0
+    for weights in (run, run / "averaged.safetensors", run / "checkpoints" / "step_4.safetensors"):
+        assert main(["evaluate", str(weights), "--split", "validation", "--no-progress"]) == 0
+    (run / "notes.txt").write_text("mine")
+    old = [p for p in run.rglob("*") if p.is_file() and p.name not in (".lock", "notes.txt")]
+    assert {"averaged.safetensors", "newest.safetensors", "hyps.validation.en.txt"} <= {
+        p.name for p in old
+    }
+    for path in old:
+        os.utime(path, (0, 0))  # marked: whatever still has this time was not rewritten
+    overrides = [x for o in tiny_overrides(train__max_steps=1) for x in ("--set", o)]
+    assert main(["train", "--out", str(run), "--overwrite", "--no-progress", *overrides]) == 0
+    survivors = [p for p in run.rglob("*") if p.is_file() and p.stat().st_mtime == 0]
+    assert survivors == []
+    assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
+
+
 def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
@@ -223,7 +301,9 @@ def test_a_truncated_training_state_exits_2_with_one_line(copy_of, capsys):
     err = capsys.readouterr().err.strip()
     *notes, last = err.splitlines()  # corpus notes may come first; the error is one line
     assert all(line.startswith("note: ") for line in notes)
-    assert last.startswith("error: ") and "last.safetensors: not a readable safetensors file" in last
+    assert (
+        last.startswith("error: ") and "last.safetensors: not a readable safetensors file" in last
+    )
 
 
 class _RunsCommand:

@@ -1,12 +1,17 @@
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_train import tiny_config
 
 from seq2seq.errors import Seq2SeqError
 from seq2seq.tokenizer import Tokenizer
+from seq2seq.train import train
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from seq2seq.words import word_index
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
@@ -106,3 +111,38 @@ def test_load_errors_are_one_line(tmp_path):
         Tokenizer.load(tmp_path)
     with pytest.raises(Seq2SeqError, match="unknown SentencePiece model type"):
         Tokenizer.train(["a"], ["b"], tmp_path, model_type="wordpiece")
+
+
+def test_the_specials_are_the_control_and_unknown_pieces_and_bytes_stay_in_their_word(tokenizer):
+    assert tokenizer.special_pieces == {"<pad>", "<unk>", "<s>", "</s>"}
+    text = "Ein Hund🐶 läuft 東京"  # never seen in training: byte-fallback pieces
+    pieces = tokenizer.pieces(tokenizer.encode(text, "src") + [EOS_ID], "src")
+    assert sum(p.startswith("<0x") for p in pieces) >= 8
+    index = word_index(pieces, tokenizer.special_pieces)
+    assert index[-1] + 1 == len(text.split()) + 1  # the words, and </s>
+
+
+def test_sentencepiece_uses_the_threads_a_run_is_given(tmp_path, monkeypatch):
+    threads = 3  # neither this machine's cores nor the tests' one thread
+    seen = []
+    train_spm, encode = spm.SentencePieceTrainer.train, spm.SentencePieceProcessor.encode
+
+    def train_spy(**kwargs):
+        seen.append(("train", kwargs["num_threads"]))
+        return train_spm(**kwargs)
+
+    def encode_spy(self, *args, **kwargs):
+        seen.append(("encode", kwargs.get("num_threads")))
+        return encode(self, *args, **kwargs)
+
+    monkeypatch.setattr(spm.SentencePieceTrainer, "train", train_spy)
+    monkeypatch.setattr(spm.SentencePieceProcessor, "encode", encode_spy)
+    before = torch.get_num_threads()
+    try:
+        train(tiny_config(train__max_steps=1, train__threads=threads), tmp_path, progress=False)
+    finally:
+        torch.set_num_threads(before)
+    trainings = [n for kind, n in seen if kind == "train"]
+    batches = [n for kind, n in seen if kind == "encode" and n is not None]  # encode_batch
+    assert trainings and set(trainings) == {threads}
+    assert batches and set(batches) == {threads}

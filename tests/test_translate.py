@@ -176,7 +176,7 @@ def test_cli_input_output_files_with_invalid_utf8(run_dir, translator, tmp_path,
 def test_cli_stdin(run_dir, translator, monkeypatch, capsys):
     data = "\n".join(SENTENCES) + "\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data.encode())))
-    assert main(["translate", str(run_dir), "--batch-tokens", "24"]) == 0
+    assert main(["translate", str(run_dir), "--max-tokens", "24"]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == texts(translator.translate(SENTENCES))
 
 
@@ -246,7 +246,7 @@ def test_progress_bar_on_terminal_stderr_never_on_stdout(
     source.write_text("".join(line + "\n" for line in lines))
     terminal = Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
-    args = ["translate", str(run_dir), "-i", str(source), "--batch-tokens", "64", "--device", "cpu"]
+    args = ["translate", str(run_dir), "-i", str(source), "--max-tokens", "64", "--device", "cpu"]
     assert main(args + ["--no-progress"] * no_progress) == 0
     out = capsys.readouterr().out
     assert out.split("\n")[:-1] == texts(

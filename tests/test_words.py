@@ -5,6 +5,7 @@ import pytest
 
 from seq2seq.words import merge_source, merge_words, word_index, words_of
 
+SPECIALS = frozenset({"<pad>", "<unk>", "<s>", "</s>"})  # as Tokenizer.special_pieces
 SRC = ["▁Ein", "▁Hund", "e", ".", "</s>"]  # words: Ein | Hunde. | </s>
 TGT = ["▁Do", "g", "s", "▁run", "</s>"]  # words: Dogs | run | </s>
 
@@ -17,11 +18,14 @@ TGT = ["▁Do", "g", "s", "▁run", "</s>"]  # words: Dogs | run | </s>
         (["ab", "▁c", "</s>", "d"], [0, 1, 2, 3], ["ab", "c", "</s>", "d"]),
         (["▁", "▁x"], [0, 1], ["▁", "x"]),  # a lone marker stays visible
         ([], [], []),
+        # byte-fallback pieces spell a character of their word; <unk> stands alone
+        (["▁Ein", "▁", "<0xF0>", "<0x9F>", "▁x", "<unk>", "y"], [0, 1, 1, 1, 2, 3, 4], None),
     ],
 )
 def test_words_start_at_the_marker_and_specials_stand_alone(tokens, index, words):
-    assert word_index(tokens) == index
-    assert words_of(tokens) == words
+    assert word_index(tokens, SPECIALS) == index
+    if words is not None:
+        assert words_of(tokens, SPECIALS) == words
 
 
 def test_merge_by_hand():
@@ -34,7 +38,7 @@ def test_merge_by_hand():
             [0.0, 0.0, 0.0, 0.0, 1.0],  # </s>
         ]
     )[None, None]  # (L=1, H=1, Tq=5, Tk=5)
-    merged = merge_words(w, SRC, TGT)
+    merged = merge_words(w, SRC, TGT, SPECIALS)
     # Source: Ein = col 0; Hunde. = cols 1-3 summed; </s> = col 4.
     # Target: Dogs = mean of rows 0-2; run = row 3; </s> = row 4.
     dogs = np.mean([[0.1, 0.7, 0.2], [0.0, 1.0, 0.0], [0.3, 0.1, 0.6]], axis=0)
@@ -47,9 +51,9 @@ def test_random_maps_keep_rows_summing_to_one_and_every_shape():
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(2, 3, len(TGT), len(SRC)))
     w = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    merged = merge_words(w, SRC, TGT)
+    merged = merge_words(w, SRC, TGT, SPECIALS)
     assert merged.shape == (2, 3, 3, 3)  # (L, H, Wq, Wk)
     np.testing.assert_allclose(merged.sum(-1), 1.0)
-    source_only = merge_source(w, SRC)
+    source_only = merge_source(w, SRC, SPECIALS)
     assert source_only.shape == (2, 3, len(TGT), 3)  # (L, H, Tq, Wk)
     np.testing.assert_allclose(source_only[..., 1], w[..., 1:4].sum(-1))

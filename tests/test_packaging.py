@@ -1,0 +1,128 @@
+"""What ``pip install .`` gives: every import declared, and a wheel that finds its corpora
+with no checkout at hand."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on a loaded 2-core machine
+
+
+def _distribution(requirement: str) -> str:
+    name = re.split(r"[<>=!~\[;\s]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _imported_distributions(top_level_only: bool) -> dict[str, str]:
+    """The distributions the package's modules import (module level only, or anywhere), each
+    with a module that imports it."""
+    dists = packages_distributions()
+    found = {}
+    for path in sorted((REPO / "seq2seq").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top == "seq2seq":
+                    continue
+                for dist in dists.get(top, [top]):
+                    found.setdefault(_distribution(dist), path.name)
+    return found
+
+
+def test_every_import_is_declared():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    required = {_distribution(r) for r in project["dependencies"]}
+    extras = {_distribution(r) for rs in project["optional-dependencies"].values() for r in rs}
+    undeclared = {
+        dist: module
+        for dist, module in _imported_distributions(top_level_only=True).items()
+        if dist not in required
+    }
+    assert undeclared == {}, "imported on import of seq2seq but not in dependencies"
+    optional = {
+        dist: module
+        for dist, module in _imported_distributions(top_level_only=False).items()
+        if dist not in required | extras
+    }
+    assert optional == {}, "imported by a command but in neither dependencies nor an extra"
+
+
+def _copy_source(dest: Path) -> Path:
+    """What ``pip install .`` reads, so that building leaves the checkout untouched."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, dest / name)
+    skip = shutil.ignore_patterns("__pycache__", "cache", "prepared")
+    for name in ("seq2seq", "data"):
+        shutil.copytree(REPO / name, dest / name, ignore=skip)
+    return dest
+
+
+_PROBE = """
+import json, sys
+import seq2seq
+from seq2seq.config import DataConfig
+from seq2seq.corpora import load_corpus
+
+d = DataConfig()
+corpus = load_corpus(d.data, d.src, d.tgt)
+print(json.dumps({
+    "package": seq2seq.__file__,
+    "default": corpus.source_description,
+    "pairs": {split: len(pairs) for split, pairs in corpus.splits.items()},
+    "sample": len(load_corpus("sample", "de", "en").splits["train"]),
+    "path": sys.path,
+}))
+"""
+
+
+@pytest.mark.slow
+def test_a_built_wheel_installed_without_the_checkout_finds_the_default_corpus(tmp_path):
+    pytest.importorskip("setuptools", reason="pip --no-build-isolation builds with setuptools")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    source = _copy_source(tmp_path / "source")
+    dist, site = tmp_path / "dist", tmp_path / "site"
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dist)]
+    subprocess.run([*build, str(source)], check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    [wheel] = dist.glob("seq2seq-*.whl")
+    install = [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    shutil.rmtree(source)  # nothing may come from the tree it was built from
+
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    env["SEQ2SEQ_CACHE"] = str(tmp_path / "cache")
+    probe = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert probe.returncode == 0, probe.stderr
+    found = json.loads(probe.stdout)
+    assert Path(found["package"]).is_relative_to(site)
+    assert not any(p and Path(p).resolve() == REPO for p in found["path"])
+    assert str(site / "seq2seq" / "data" / "multi30k") in found["default"]
+    assert found["pairs"] == {"train": 29000, "validation": 1014, "test": 1000}
+    assert found["sample"] == 40
