@@ -4,7 +4,9 @@ Scores are on detokenized text against the raw references, so they are comparabl
 other systems' sacreBLEU numbers (the signature says how they were computed). BLEU's
 tokenizer follows the target language as ``sacrebleu -l`` chooses it (``bleu_tokenize``;
 training's validation BLEU uses the same choice), unless one is given. Lowercased
-BLEU is there for older papers that report it; the length ratio (hypothesis over reference
+BLEU is there for older papers that report it; BLEU on the Multi30k papers' scale
+(``literature_bleu``: lowercased, normalised, Moses-tokenized text, as the dataset's own
+``*.lc.norm.tok.*`` files) for comparing with them. The length ratio (hypothesis over reference
 words, sacreBLEU's ``sys_len / ref_len``) and the stop reasons say whether a bad score comes
 from translations cut short by ``max_len`` or ended early.
 """
@@ -15,10 +17,13 @@ import contextlib
 import dataclasses
 import functools
 import json
+from collections.abc import Iterable
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
+from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from seq2seq.checkpoint import split_run_path
 from seq2seq.config import DecodeConfig
@@ -37,14 +42,20 @@ _LANGUAGE_TOKENIZERS = {
     "th": ("char",),
 }
 
+LITERATURE_SCALE = "lowercased, normalised, Moses-tokenized, as Multi30k papers report"
+
 
 def bleu_tokenize(lang: str) -> str:
     """sacreBLEU's BLEU tokenizer for targets in ``lang`` (``zh``, ``ja-JP``, ``en`` ...):
     ``zh``; ``ja-mecab`` / ``ko-mecab`` where installed, else ``char``; ``char`` for Thai;
     ``13a`` for everything else. The BLEU signature shows it as ``tok:NAME``."""
-    base = lang.lower().replace("_", "-").split("-")[0]
-    usable = [name for name in _LANGUAGE_TOKENIZERS.get(base, ()) if _usable(name)]
+    usable = [name for name in _LANGUAGE_TOKENIZERS.get(_base(lang), ()) if _usable(name)]
     return usable[0] if usable else "13a"
+
+
+def _base(lang: str) -> str:
+    """The language of a tag: ``de`` for ``de``, ``de-CH``, ``DE_ch``."""
+    return lang.lower().replace("_", "-").split("-")[0]
 
 
 @functools.cache
@@ -109,7 +120,7 @@ def evaluate_split(
     hyps = [r[0].text for r in results]
     refs = [t for _, t in pairs]
 
-    scores = score(hyps, refs, tokenize)
+    scores = {**score(hyps, refs, tokenize), **literature_bleu(hyps, refs, tgt)}
     home, weights = split_run_path(run_dir)  # other weights than the run's: their own file
     default = f"hyps.{split}.{tgt}" + (f".{weights.stem}" if weights else "") + ".txt"
     hyp_path = Path(hyp_file) if hyp_file else home / default
@@ -149,6 +160,41 @@ def score(hyps: list[str], refs: list[str], tokenize: str = "13a") -> dict[str, 
     return out
 
 
+def lc_norm_tok(lines: Iterable[str], lang: str) -> list[str]:
+    """``lines`` as the Multi30k papers score them, by sacremoses: the dataset's
+    ``scripts/task1-tokenize.sh`` (``lowercase.perl | normalize-punctuation.perl -l LANG |
+    tokenizer.perl -l LANG``: no aggressive dash splitting, XML characters escaped). It
+    reproduces the dataset's ``*.lc.norm.tok.*`` files line for line."""
+    normalizer, tokenizer = _moses(_base(lang))
+    # Perl normalises each line with its newline, which lets the de/fr/es rule that moves a
+    # sentence's final period behind its closing quote see a character after the quote.
+    return [
+        tokenizer.tokenize(normalizer.normalize(line.lower() + "\n"), escape=True, return_str=True)
+        for line in lines
+    ]
+
+
+@functools.cache
+def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
+    """sacremoses' normaliser and tokenizer for ``lang``, built once (zh's takes seconds)."""
+    # perl_parity: a lone ’ becomes " as in the Perl script, not '
+    return MosesPunctNormalizer(lang=lang, perl_parity=True), MosesTokenizer(lang=lang)
+
+
+def literature_bleu(hyps: list[str], refs: list[str], lang: str) -> dict[str, Any]:
+    """BLEU on the Multi30k papers' scale (``LITERATURE_SCALE``): sacreBLEU without a
+    tokenizer of its own over ``lc_norm_tok`` text in the target language ``lang``."""
+    metric = BLEU(tokenize="none")
+    result = metric.corpus_score(lc_norm_tok(hyps, lang), [lc_norm_tok(refs, lang)])
+    return {
+        "bleu_lc_norm_tok": round(result.score, 2),
+        "bleu_lc_norm_tok_text": str(result),
+        "bleu_lc_norm_tok_signature": str(metric.get_signature()),
+        "bleu_lc_norm_tok_preprocessing": f"lowercase, then sacremoses {version('sacremoses')} "
+        f"normalise -l {_base(lang)} (perl parity), tokenize -l {_base(lang)} (escaped)",
+    }
+
+
 def stop_reason_shares(results: list[list[Translation]]) -> dict[str, float]:
     """Share of each stop reason among the best hypotheses."""
     counts: dict[str, int] = {}
@@ -173,6 +219,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"  signature {report['chrf_signature']}",
             f"lowercased {report['bleu_lowercase_text']}",
             f"  signature {report['bleu_lowercase_signature']}",
+            f"{LITERATURE_SCALE}: {report['bleu_lc_norm_tok_text']}",
+            f"  signature {report['bleu_lc_norm_tok_signature']}",
+            f"  text: {report['bleu_lc_norm_tok_preprocessing']}",
             f"length ratio hyp/ref {report['length_ratio']:.3f} "
             f"({report['sys_len']} / {report['ref_len']} words)",
             f"stop reasons: {stops}",

@@ -1,10 +1,14 @@
 """Evaluation: the ``evaluate`` command prints sacreBLEU scores with their signatures and
 writes one hypothesis per test pair plus the scores as JSON; BLEU's tokenizer follows the
-target language; empty pairs left out are counted."""
+target language; empty pairs left out are counted; BLEU on the Multi30k papers' scale
+tokenizes the raw references exactly as the dataset's published tokenized files."""
 
+import gzip
+import hashlib
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import tiny_run_dir
@@ -14,7 +18,16 @@ from seq2seq.cli import main
 from seq2seq.config import DecodeConfig
 from seq2seq.corpora import load_corpus
 from seq2seq.errors import Seq2SeqError
-from seq2seq.evaluate import bleu_tokenize, evaluate_split, format_report
+from seq2seq.evaluate import (
+    LITERATURE_SCALE,
+    bleu_tokenize,
+    evaluate_split,
+    format_report,
+    lc_norm_tok,
+    literature_bleu,
+)
+
+MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +47,11 @@ def test_cli_evaluate_prints_signatures_and_writes_hypotheses(run_dir, test_pair
     signatures = [
         line.strip() for line in out.splitlines() if line.strip().startswith("signature ")
     ]
-    assert len(signatures) == 3
+    assert len(signatures) == 4
     assert "case:mixed" in signatures[0] and "tok:13a" in signatures[0]
     assert "nc:6" in signatures[1]  # chrF's character n-gram order
     assert "case:lc" in signatures[2]
+    assert f"{LITERATURE_SCALE}: BLEU = " in out and "tok:none" in signatures[3]
     assert "length ratio hyp/ref" in out and "stop reasons:" in out
 
     hyps = (run_dir / "hyps.test.en.txt").read_text(encoding="utf-8").split("\n")[:-1]
@@ -45,6 +59,8 @@ def test_cli_evaluate_prints_signatures_and_writes_hypotheses(run_dir, test_pair
     scores = json.loads((run_dir / "hyps.test.en.json").read_text(encoding="utf-8"))
     assert scores["sentences"] == len(test_pairs)
     assert scores["bleu_signature"] == signatures[0].removeprefix("signature ")
+    assert scores["bleu_lc_norm_tok_signature"] == signatures[3].removeprefix("signature ")
+    assert 0 <= scores["bleu_lc_norm_tok"] <= 100
     assert scores["length_ratio"] == pytest.approx(scores["sys_len"] / scores["ref_len"], abs=1e-4)
 
 
@@ -127,3 +143,43 @@ def test_evaluate_progress_bar_on_terminal_stderr_only(
     assert "BLEU" in out
     assert "\r" not in out and "sent/s" not in out
     assert ("sent/s" in terminal.getvalue()) is not no_progress
+
+
+# --- BLEU on the Multi30k papers' scale ----------------------------------------------------
+
+
+def _lines(path: Path) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_shipped_tokenized_references_are_the_published_ones():
+    listed = (MULTI30K / "tok" / "SHA256SUMS").read_text().splitlines()
+    assert len(listed) == 4
+    for line in listed:
+        digest, name = line.split("  ")
+        assert hashlib.sha256((MULTI30K / "tok" / name).read_bytes()).hexdigest() == digest, name
+
+
+@pytest.mark.parametrize("split", ["val", "test_2016_flickr"])
+@pytest.mark.parametrize("lang", ["en", "de"])
+def test_lc_norm_tok_reproduces_the_published_tokenized_multi30k(split, lang):
+    raw = _lines(MULTI30K / f"{split}.{lang}.gz")
+    published = _lines(MULTI30K / "tok" / f"{split}.lc.norm.tok.{lang}")
+    assert len(raw) == len(published) >= 1000
+    ours = lc_norm_tok(raw, lang)
+    wrong = [(n, a, b) for n, (a, b) in enumerate(zip(ours, published, strict=True)) if a != b]
+    assert wrong == []
+
+
+def test_literature_bleu_ignores_case_and_quote_style_but_not_words():
+    refs = ['Er sagt: "hallo".', "Ein Hund läuft über die Wiese."]
+    same = ["er sagt: „Hallo.“", "ein HUND läuft über die Wiese ."]
+    assert literature_bleu(same, refs, "de")["bleu_lc_norm_tok"] == 100.0
+    assert lc_norm_tok(same[:1], "de-DE") == ["er sagt : &quot; hallo &quot; ."]
+    assert lc_norm_tok(["Sie sagt ’Ja’ zu McDonald’s"], "en") == [
+        "sie sagt &quot; ja &quot; zu mcdonald &apos;s"  # a lone ’ is a double quote in Perl
+    ]
+    other = ["er sagt: „Hallo.“", "ein Hund läuft über die Straße."]
+    assert literature_bleu(other, refs, "de")["bleu_lc_norm_tok"] < 100.0
