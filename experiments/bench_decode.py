@@ -22,13 +22,16 @@ each, so a change in machine load hits both. Run it on an otherwise idle machine
     python experiments/bench_decode.py --run runs/de-en --json bench_decode.json
     python experiments/bench_decode.py --run RUN --quick   # proves it runs; numbers mean nothing
     python experiments/bench_decode.py --run runs/de-en --ctranslate2 --json bench_ct2.json
+
+``--json`` writes the results with the machine and the model (``experiments.common.model_used``)
+they were measured on; ``--json experiments/results/NAME/benchmark.json`` makes them a record
+that ``python -m experiments.records render`` turns into a speed table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,11 +44,14 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from experiments.common import model_used  # noqa: E402
+from experiments.records.speed import bleu_table, cases_table  # noqa: E402
 from seq2seq.batching import collate  # noqa: E402
 from seq2seq.checkpoint import load_run  # noqa: E402
 from seq2seq.config import DecodeConfig  # noqa: E402
 from seq2seq.corpora import load_corpus  # noqa: E402
 from seq2seq.evaluate import bleu_tokenize, score  # noqa: E402
+from seq2seq.runlog import machine  # noqa: E402
 from seq2seq.search import translate_batch  # noqa: E402
 from seq2seq.translate import Translator  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
@@ -156,16 +162,6 @@ def ct2_bleu(args, config, model_dir: Path) -> list[dict]:
         rows[-1]["goal"] = "within 0.3 of float32"
         rows[-1]["pass"] = abs(int8 - f32) <= 0.3
     return rows
-
-
-def bleu_table(rows: list[dict]) -> str:
-    lines = ["| engine | beam | test BLEU | goal | pass |", "|---|---:|---:|---|---|"]
-    for r in rows:
-        verdict = "-" if "pass" not in r else ("pass" if r["pass"] else "FAIL")
-        lines.append(
-            f"| {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r.get('goal', '-')} | {verdict} |"
-        )
-    return "\n".join(lines)
 
 
 def main() -> int:
@@ -286,17 +282,7 @@ def main() -> int:
             ct2_speed_cases(args, Path(tmp), tokenizer, ids, lengths, ours, case)
             bleu_rows = ct2_bleu(args, config, Path(tmp))
 
-    lines = [
-        "| case | ours tok/s | reference tok/s | ratio | goal | pass |",
-        "|---|---:|---:|---:|---|---|",
-    ]
-    for r in rows:
-        verdict = "-" if r["pass"] is None else ("pass" if r["pass"] else "FAIL")
-        lines.append(
-            f"| {r['case']} | {r['ours_tok_s']:,.0f} | {r['reference_tok_s']:,.0f} | "
-            f"{r['ratio']:.2f} | {r['goal']} | {verdict} |"
-        )
-    table = "\n".join(lines)
+    table = cases_table(rows)
     if bleu_rows:
         table += "\n\n" + bleu_table(bleu_rows)
     print(table)
@@ -310,15 +296,20 @@ def main() -> int:
             "repeats": args.repeats,
             "threads": args.threads,
             "device": str(device),
-            "torch": torch.__version__,
-            "machine": platform.processor() or platform.machine(),
             "quick": args.quick,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps({"setup": setup, "cases": rows, "bleu": bleu_rows, "table": table}, indent=2)
-            + "\n"
-        )
+        record = {
+            "benchmark": "decode",
+            "command": ["python", *sys.argv],
+            "environment": machine(),
+            "model": model_used(args.run),
+            "setup": setup,
+            "cases": rows,
+            "bleu": bleu_rows,
+            "table": table,
+        }
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

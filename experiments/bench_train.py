@@ -20,7 +20,9 @@ steps; its seconds are reported separately.
 Model FLOP/s: analytic FLOPs per step (6 x non-embedding parameters x tokens they see,
 plus the output layer and the attention scores, all x3 for forward + backward) over the
 measured step time, as a fraction of the peak from a large fp32 and bf16 matmul measured
-here. The goal: ours >= 1.3x the best reference.
+here. The goal: ours >= 1.3x the best reference. ``--json`` writes the results with the
+machine they were measured on: ``--json experiments/results/NAME/benchmark.json`` makes
+them a record that ``python -m experiments.records render`` turns into a speed table.
 
     python experiments/bench_train.py --run runs/de-en --json bench_train.json
     python experiments/bench_train.py --compile --threads 1 --json bench_compile_1.json
@@ -49,15 +51,19 @@ from torch import Tensor, nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from experiments.records.speed import train_table  # noqa: E402
 from seq2seq.batching import Batch, TokenBatchSampler, collate  # noqa: E402
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
 from seq2seq.corpora import encode_pairs, load_corpus  # noqa: E402
 from seq2seq.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
 from seq2seq.precision import autocast, autocast_dtype  # noqa: E402
+from seq2seq.runlog import machine  # noqa: E402
 from seq2seq.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.train import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
+
+SPEEDUP_GOAL = 1.3  # ours over the best eager nn.Transformer set-up, in tokens/s
 
 
 class Reference(nn.Module):
@@ -465,24 +471,14 @@ def main() -> None:
     speedup = results[0]["tokens_per_s"] / best_ref["tokens_per_s"]
     used = "bf16" if dtype else "fp32"
 
-    print(
-        "\n| model | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak | of bf16 peak | warm-up s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
-        print(
-            f"| {r['model']} | {r['tokens_per_s']:,.0f} | {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} "
-            f"| {r['ms_per_step']:.1f} | {r['model_flops_per_s'] / 1e9:.2f} "
-            f"| {r['model_flops_per_s'] / peaks['fp32']:.1%} | {r['model_flops_per_s'] / peaks['bf16']:.1%} "
-            f"| {r['warmup_seconds']:.1f} |"
-        )
+    print("\n" + train_table(results, peaks))
     print(
         f"\nmeasured matmul peak ({args.matmul_size}², {torch.get_num_threads()} threads): "
         f"fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s; training uses {used}"
     )
     print(
-        f"seq2seq / best nn.Transformer ({best_ref['model']}): {speedup:.2f}x (goal >= 1.3x)"
-        + ("" if speedup >= 1.3 else " -- NOT MET")
+        f"seq2seq / best nn.Transformer ({best_ref['model']}): {speedup:.2f}x "
+        f"(goal >= {SPEEDUP_GOAL}x)" + ("" if speedup >= SPEEDUP_GOAL else " -- NOT MET")
     )
     compiled = [r for r in results if r["model"].startswith("seq2seq, compiled")]
     if compiled:
@@ -494,9 +490,13 @@ def main() -> None:
         )
 
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps(
                 {
+                    "benchmark": "train",
+                    "command": ["python", *sys.argv],
+                    "environment": machine(),
                     "data": source,
                     "batches": len(batches),
                     "max_tokens": config.data.max_tokens,
@@ -509,6 +509,7 @@ def main() -> None:
                     "matmul_peak_flops_per_s": peaks,
                     "results": results,
                     "speedup_vs_best_reference": speedup,
+                    "speedup_goal": SPEEDUP_GOAL,
                     "quick": args.quick,
                 },
                 indent=2,

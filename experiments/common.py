@@ -12,6 +12,7 @@ them. ``run.py --readme-only`` rewrites the README from those files without reru
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -109,20 +110,87 @@ def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) ->
             f.result()
 
 
-def training_summary(run_dir: Path, best_step: bool = False) -> dict:
-    """Steps, minutes, best validation BLEU (and, if asked, its step), stop reason of a
-    finished run, and which weights its best model holds (the ones every analysis loads)."""
+def last_state(run_dir: Path) -> Path:
+    """The weights a finished run ended on: its newest kept state
+    (``checkpoints/step_N.safetensors``; a run validates and keeps the state its budget ends
+    on). What the experiments that compare models score, one rule for every model: no
+    choice by validation, no averaging."""
+    kept = checkpoint.kept_checkpoints(run_dir)
+    if not kept:
+        raise SystemExit(f"{run_dir}: no kept states in {checkpoint.KEPT_DIR}/ to score")
+    return kept[-1]
+
+
+def scoring_note(results: dict) -> str:
+    """How a results file's models were scored, for its README: one rule for all (results
+    with ``"scoring": "last state"``), or, in results from before that rule, whatever each
+    run's training chose."""
+    if results.get("scoring") == "last state":
+        return (
+            f"Every model is scored on its last state, the weights after exactly "
+            f"{results['budget']} (`{checkpoint.KEPT_DIR}/step_N.safetensors`): one rule for "
+            "all, no choice by validation, no averaging."
+        )
+    return (
+        "**These results predate one scoring rule for all**: each model was scored on the "
+        "weights its own training kept as best (a single state for some, an average for "
+        "others: see the weights column), so seed noise and averaging are mixed; rerun pending."
+    )
+
+
+def model_used(run_dir: Path, weights: Path | None = None) -> dict:
+    """Which model a result comes from, for the results file that quotes it: the run, the
+    weights file in it (default its best, ``model.safetensors``), what those weights are (a
+    step or an average), their validation BLEU and sha256, and how far the run trained
+    (steps, epochs, minutes), its best validation BLEU, why it stopped and whether it
+    finished (a run killed to be resumed has not)."""
+    weights = weights or run_dir / checkpoint.BEST_FILE
     state = checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1]
-    summary = {
+    metadata = checkpoint.read_tensors(weights)[1]
+    return {
+        "run": str(run_dir),
+        "weights_file": weights.relative_to(run_dir).as_posix(),
+        "weights": weights_of(metadata),
+        "valid_bleu": metadata.get("bleu"),
+        "sha256": sha256_of(weights),
         "steps": state["step"],
+        "epochs": epochs_trained(state, batches_per_step(run_dir)),
         "minutes": state["elapsed"] / 60,
-        "valid_bleu": state["best_bleu"],
+        "best_valid_bleu": state["best_bleu"],
+        "best_step": state["best_step"],
+        "stop": state["stop_reason"],
+        "finished": bool(state.get("finished")),
     }
-    if best_step:
-        summary["best_step"] = state["best_step"]
-    summary["stop"] = state["stop_reason"]
-    summary["weights"] = weights_of(checkpoint.read_tensors(run_dir / checkpoint.BEST_FILE)[1])
-    return summary
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def batches_per_step(run_dir: Path) -> int:
+    """Batches a step of this run took: ``accum_steps`` per process, its last segment's
+    processes (``environment.json``)."""
+    accum = checkpoint.load_config_file(run_dir).train.accum_steps
+    try:
+        segments = json.loads((run_dir / "environment.json").read_text(encoding="utf-8"))
+        processes = segments["segments"][-1]["processes"]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        processes = 1
+    return accum * processes
+
+
+def epochs_trained(state: dict, per_step: int) -> float | None:
+    """Epochs, fractions included, from a training state's counters: the epochs completed
+    and the batches into the next one, measured in the completed epochs' steps (None
+    before the first epoch ends, when an epoch's length is not known yet)."""
+    if not state["epoch"]:
+        return None
+    completed_steps = state["step"] - state["batch"] / per_step
+    return state["epoch"] * state["step"] / completed_steps
 
 
 def weights_of(metadata: dict) -> str:
@@ -134,8 +202,14 @@ def weights_of(metadata: dict) -> str:
 
 
 def budget(t: TrainConfig) -> str:
-    """The training budget as the READMEs state it: minutes, else steps."""
-    return f"{t.max_time} min" if t.max_time else f"{t.max_steps} steps"
+    """The training budget as the READMEs state it: minutes or steps, whichever ends the
+    run first (else epochs)."""
+    limits = []
+    if t.max_time:
+        limits.append(f"{t.max_time} min")
+    if t.max_steps:
+        limits.append(f"{t.max_steps} steps")
+    return " or ".join(limits) or f"{t.max_epochs} epochs"
 
 
 def load_pairs(d: DataConfig, split: str = "test") -> list[tuple[str, str]]:
@@ -188,16 +262,19 @@ def readme(here: Path, out: Path, readme_values: Callable[[dict], Mapping[str, o
     """The experiment in ``here``'s README for the results in ``out``: its template filled
     with the fields of ``out/results.json``, the values ``readme_values`` computes from them
     (tables, verdicts), and the conclusion: ``out/conclusion.md`` if someone wrote one for
-    these results, else a note that it is still to be written.
+    these results, else a note that it is still to be written. A conclusion may quote the
+    computed values as ``{field}``s too, so that its figures come from the results.
 
     The results are read back from the file, so a README written after a run and one
     rewritten later from ``results.json`` alone are the same bytes."""
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    computed = readme_values(results)
+    values = {**results, **computed}
     written = out / CONCLUSION
     if written.is_file():
         conclusion = {
             "conclusion_note": "written by hand from this run's numbers; a rerun resets this section",
-            "conclusion": written.read_text(encoding="utf-8").strip(),
+            "conclusion": written.read_text(encoding="utf-8").strip().format_map(values),
         }
     else:
         conclusion = {
@@ -205,4 +282,4 @@ def readme(here: Path, out: Path, readme_values: Callable[[dict], Mapping[str, o
             "conclusion": "_To be completed after the full run._",
         }
     template = (here / TEMPLATE).read_text(encoding="utf-8")
-    return template.format_map({**results, **conclusion, **readme_values(results)})
+    return template.format_map({**results, **conclusion, **computed})

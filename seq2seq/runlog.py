@@ -77,11 +77,9 @@ def _logged_step(line: str) -> float:
         return math.inf
 
 
-def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
-    """What someone needs to reproduce a number: versions, hardware, the command line.
-
-    ``environment.json`` holds ``{"segments": [...]}``, one entry per stretch of training
-    (``from_step`` where it began): a run resumed on another machine records both."""
+def machine() -> dict[str, Any]:
+    """Versions, git commit, CPU model and torch threads: what a number was measured on
+    (every run's ``environment.json``, and the benchmarks' JSON)."""
     import sentencepiece
 
     versions = {
@@ -104,11 +102,21 @@ def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> 
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    environment = {
+    return {
         "versions": versions,
         "git_commit": commit,
         "cpu": cpu,
         "threads": torch.get_num_threads(),
+    }
+
+
+def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
+    """What someone needs to reproduce a number: versions, hardware, the command line.
+
+    ``environment.json`` holds ``{"segments": [...]}``, one entry per stretch of training
+    (``from_step`` where it began): a run resumed on another machine records both."""
+    environment = {
+        **machine(),
         "device": str(runtime.device),
         "processes": runtime.world,
         "precision": "bf16 autocast" if dtype else "fp32",

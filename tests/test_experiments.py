@@ -80,17 +80,51 @@ def test_experiments_run_in_quick_mode(tmp_path):
     assert same_seed.returncode != 0 and "same train.seed" in same_seed.stderr
 
 
-@pytest.mark.parametrize("name", EXPERIMENTS)
-def test_committed_readme_is_its_template_filled_from_results(name):
+def _experiment(name: str):
+    """``experiments/NAME/run.py`` as a module (it puts experiments/ on sys.path)."""
     here = REPO / "experiments" / name
     spec = importlib.util.spec_from_file_location(f"experiment_{name}", here / "run.py")
     run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)  # puts experiments/ on sys.path, so common imports
+    spec.loader.exec_module(run)
+    return run
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_committed_readme_is_its_template_filled_from_results(name):
+    here = REPO / "experiments" / name
+    run = _experiment(name)
     from common import readme
 
     assert readme(here, here, run.readme_values) == (here / "README.md").read_text(
         encoding="utf-8"
     ), f"{name}/README.md differs from its template: run.py --readme-only rewrites it"
+
+
+def test_kv_heads_verdict_weighs_a_difference_against_the_mha_seeds_spread():
+    kv = _experiment("kv_heads")
+    tight = [36.0, 36.4, 36.2]  # sd 0.2: a further seed lands within ±0.99 of 36.2
+    assert kv.seed_band(tight) == pytest.approx(4.303 * 0.2 * (4 / 3) ** 0.5)
+    assert kv.verdict(tight, 36.9) == "no difference beyond seed noise"
+    assert kv.verdict(tight, 37.5) == "different: higher"
+    assert kv.verdict(tight, 35.0) == "different: lower"
+    assert kv.verdict([35.0, 36.0, 37.0], 37.5) == "no difference beyond seed noise"  # sd 1.0
+    assert kv.verdict(tight[:2], 40.0) == "needs ≥ 3 MHA seeds; rerun pending"
+    rows = [
+        {"variant": name, "test_bleu": bleu}
+        for name, bleu in (("mha", 36.0), ("mha-seed2", 36.4), ("gqa2", 37.5), ("mha-seed3", 36.2))
+    ]
+    lines = kv.verdict_lines(rows)
+    assert "The 3 mha seed(s): 36.00, 36.40, 36.20; mean 36.20" in lines
+    assert "- gqa2: 37.50, +1.30 against the mha mean: different: higher" in lines
+
+
+def test_kv_heads_refuses_a_model_trained_to_another_budget():
+    kv = _experiment("kv_heads")
+    kv.check_budget({"mha": {"steps": 2142, "weights": "step 2142"}}, 2142)
+    with pytest.raises(SystemExit, match="trained 1666 steps"):
+        kv.check_budget({"mha": {"steps": 1666, "weights": "step 1666"}}, 2142)
+    with pytest.raises(SystemExit, match="scored average"):
+        kv.check_budget({"mha": {"steps": 2142, "weights": "average of steps 1190–2142"}}, 2142)
 
 
 def _readme_bytes(name: str) -> bytes | None:
@@ -112,3 +146,25 @@ def test_bench_train_profile_says_where_the_step_time_goes():
     shares = {line[:24].strip(): float(line[24:].rstrip("%")) for line in summary if line}
     assert shares["matrix multiplies"] > 0 and "other" in shares
     assert sum(shares.values()) == pytest.approx(100, abs=0.5)
+
+
+def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_path):
+    out = tmp_path / "results" / "bench-train"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_train.py"), "--quick", "--threads", "1"]
+        + ["--json", str(out / "benchmark.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sys.path.insert(0, str(REPO))
+    from experiments.records.render import load_records, results_page
+
+    record = json.loads((out / "benchmark.json").read_text())
+    assert record["environment"]["threads"] == 1 and record["environment"]["cpu"]
+    speed = results_page(load_records(tmp_path / "results")).split("## Training speed")[1]
+    ours = record["results"][0]
+    assert f"| seq2seq | {ours['tokens_per_s']:,.0f} |" in speed
+    assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed

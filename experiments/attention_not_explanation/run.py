@@ -1,8 +1,8 @@
 """Attention is not explanation: what cross-attention maps do and do not tell.
 
-Two models trained from ``config.yaml`` with different seeds (the same recipe and time
-budget, trained at once, ``--train-threads`` torch threads each) are compared on the test
-split:
+Two models trained from ``config.yaml`` with different seeds (the same recipe and step
+budget, trained at once, ``--train-threads`` torch threads each), each scored on its last
+state, are compared on the test split:
 
 1. test BLEU (greedy) of each seed;
 2. their cross-attention maps for the same sentences, teacher-forced on the reference so
@@ -25,7 +25,7 @@ earlier runs there unless ``--reuse``) and writes ``results.json``, the figures 
 ``README.md`` (from ``README.template.md``) into this folder. ``--quick`` trains tiny models
 on ``data/sample`` for a few seconds and writes into ``--out``: a smoke test of the code,
 not of the claims. ``--models`` analyses finished runs of one recipe with different seeds
-instead of training (the kv_heads experiment trains two MHA seeds of the same recipe).
+instead of training (the kv_heads experiment trains three MHA seeds of one recipe).
 ``--readme-only`` rewrites ``README.md`` from ``results.json`` and
 ``conclusion.md``.
 """
@@ -33,6 +33,7 @@ instead of training (the kv_heads experiment trains two MHA seeds of the same re
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -62,13 +63,15 @@ from common import (  # noqa: E402
     add_training_args,
     budget,
     command,
+    last_state,
     load_pairs,
     minutes_since,
+    model_used,
     output_dir,
     save_figure,
+    scoring_note,
     train_all,
     train_threads,
-    training_summary,
     write_outputs,
     write_readme,
 )
@@ -343,6 +346,37 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
+def percent_range(values: list[float]) -> str:
+    """'55.3–65.5%' (one value: '55.3%'), as the tables print shares."""
+    low, high = f"{100 * min(values):.1f}", f"{100 * max(values):.1f}"
+    return f"{low}%" if low == high else f"{low}–{high}%"
+
+
+def percent_list(values: list[float]) -> str:
+    """One share per seed, as printed: '7.2% and 7.3%', or '6.7% for every seed'."""
+    shown = list(dict.fromkeys(f"{100 * v:.1f}%" for v in values))
+    return f"{shown[0]} for every seed" if len(shown) == 1 < len(values) else " and ".join(shown)
+
+
+def sensitivity_summary(sensitivity: dict[str, list[dict]]) -> str:
+    """Section 3's table in a sentence, over every seed: the per-layer agreement with and
+    without the source EOS, the mean over layers, and chance."""
+    rows = [x for seed in sensitivity.values() for x in seed]
+    layers = [x for x in rows if x["layer"] != "mean"]
+    means = [x for x in rows if x["layer"] == "mean"]
+    chance = [x["chance"] for x in means]
+    times = statistics.mean(x["agree"] / x["chance"] for x in means)
+    per_layer = percent_range([x["agree"] for x in layers])
+    return (
+        "Per layer, the most-attended source position coincides with the one whose masking "
+        f"changes the token's probability most for {per_layer} of output tokens "
+        f"({percent_range([x['agree_no_eos'] for x in layers])} without the source EOS), "
+        f"{percent_range([x['agree'] for x in means])} for the mean over layers, about "
+        f"{times:.0f} times the chance level ({percent_list(chance)}; "
+        f"{percent_list([x['chance_no_eos'] for x in means])} without EOS)."
+    )
+
+
 def readme_values(r: dict) -> dict[str, object]:
     """The tables and verdicts of ``README.template.md``, computed from the results ``r``
     (read back from JSON, so the per-seed results are keyed by the seed as a string)."""
@@ -405,6 +439,8 @@ def readme_values(r: dict) -> dict[str, object]:
     return {
         "a": a,
         "b": b,
+        "scoring": scoring_note(r),
+        "sensitivity_summary": sensitivity_summary(r["sensitivity"]),
         "train_rows": train_rows,
         "within": within,
         "map_rows": map_rows,
@@ -452,7 +488,11 @@ def main() -> int:
         train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
 
-    loaded = {s: checkpoint.load_run(run_dirs[s]) for s in args.seeds}
+    scored = {s: last_state(run_dirs[s]) for s in args.seeds}
+    training = {s: model_used(run_dirs[s], scored[s]) for s in args.seeds}
+    if len({t["steps"] for t in training.values()}) > 1:
+        raise SystemExit("the models trained different numbers of steps: not one budget")
+    loaded = {s: checkpoint.load_run(path) for s, path in scored.items()}
     base = loaded[args.seeds[0]][0]
     d = base.data
     pairs = load_pairs(d)
@@ -478,14 +518,14 @@ def main() -> int:
         "sentences": len(pairs),
         "example": args.example,
         "budget": budget(base.train),
-        "training": {},
+        "scoring": "last state",
+        "training": training,
         "test_bleu": {},
         "counterfactual": {},
         "sensitivity": {},
     }
     maps = {}
     for s, (_, _, model) in loaded.items():
-        results["training"][s] = training_summary(run_dirs[s], best_step=True)
         hyps = greedy(model, src_ids)
         results["test_bleu"][s] = bleu(tok, hyps, refs)
         maps[s] = head_mean_maps(model, src_ids, ref_ids)

@@ -1,9 +1,10 @@
 """MHA, GQA, MQA and MLA under one training budget: size, KV cache, speed, BLEU.
 
-The same small model (``config.yaml``) is trained once per attention variant
-(``variants.yaml``: g = 8 key/value heads with two seeds, g = 2, g = 1, and the MLA-style
-latent cache), ``--jobs`` at a time with ``--train-threads`` torch threads each. Then, per
-variant:
+The same small model (``config.yaml``, whose step budget is fixed before the runs) is
+trained once per attention variant (``variants.yaml``: g = 8 key/value heads with three
+seeds, g = 2, g = 1, and the MLA-style latent cache), ``--jobs`` at a time with
+``--train-threads`` torch threads each. Every model is scored on its last state (the
+weights after exactly the budget's steps). Then, per variant:
 
 - parameters;
 - decoder self-attention KV cache per generated token and sentence: the formula
@@ -11,7 +12,8 @@ variant:
   ``DecoderCache`` holds (``.size()["self_bytes"]``) after T steps, divided by T and B;
 - decoding speed: greedy search with EOS banned, batch 64, 128 output tokens, median of
   interleaved rounds;
-- greedy BLEU on the test split.
+- greedy BLEU on the test split, and the verdict: does it differ from MHA by more than the
+  MHA seeds' spread allows (``verdict``)?
 
     python experiments/kv_heads/run.py [--reuse] [--train-threads N] [--quick --out DIR]
     python experiments/kv_heads/run.py --readme-only
@@ -26,6 +28,7 @@ seconds and writes into ``--out``: a smoke test of the code, not of the claims.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -51,19 +54,30 @@ from common import (  # noqa: E402
     add_training_args,
     budget,
     command,
+    last_state,
     load_pairs,
     minutes_since,
+    model_used,
     output_dir,
     save_figure,
+    scoring_note,
     train_all,
     train_threads,
-    training_summary,
     write_outputs,
     write_readme,
 )
 
 HERE = Path(__file__).resolve().parent
 CPU = torch.device("cpu")
+MIN_SEEDS = 3  # MHA seeds below which the spread is not measured well enough for a verdict
+# Student's t, two-sided 95%, by degrees of freedom (seeds - 1): the prediction interval's
+# factor. Past the table's end 2.0 (the t quantile tends to 1.96).
+T_95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+RULE = (
+    f"a variant differs from MHA only when its test BLEU lies outside the interval in which "
+    f"a further MHA seed would land 95% of the time (the MHA mean ± t(n − 1) · sd · "
+    f"√(1 + 1/n) for n ≥ {MIN_SEEDS} seeds); inside it, this run shows no difference"
+)
 QUICK = [
     *QUICK_MODEL,
     "train.max_steps=10",
@@ -150,6 +164,68 @@ def plot(rows: list[dict], path: Path) -> None:
     save_figure(fig, path)
 
 
+def seed_band(base: list[float]) -> float:
+    """Half-width of the 95% prediction interval of one more base seed around the base
+    seeds' mean: t(n - 1) * sd * sqrt(1 + 1/n), for n seeds."""
+    n = len(base)
+    return T_95.get(n - 1, 2.0) * statistics.stdev(base) * math.sqrt(1 + 1 / n)
+
+
+def verdict(base: list[float], value: float) -> str:
+    """Whether one variant's score differs from the base's seeds: only when it lies outside
+    the interval in which a further base seed would land 95% of the time."""
+    if len(base) < MIN_SEEDS:
+        return f"needs ≥ {MIN_SEEDS} MHA seeds; rerun pending"
+    difference = value - statistics.mean(base)
+    if abs(difference) <= seed_band(base):
+        return "no difference beyond seed noise"
+    return "different: " + ("higher" if difference > 0 else "lower")
+
+
+def base_seeds(rows: list[dict]) -> list[dict]:
+    """The first variant's rows: itself and its other seeds (``NAME-seedN``)."""
+    name = rows[0]["variant"]
+    return [x for x in rows if x["variant"] == name or x["variant"].startswith(f"{name}-seed")]
+
+
+def verdict_lines(rows: list[dict]) -> str:
+    """The MHA seeds' spread, the rule, and each other variant's verdict against them."""
+    seeds = base_seeds(rows)
+    bleu = [x["test_bleu"] for x in seeds]
+    name, mean = rows[0]["variant"], statistics.mean(bleu)
+    spread = (
+        f"sd {statistics.stdev(bleu):.2f}; a further {name} seed would land within "
+        f"±{seed_band(bleu):.2f} of the mean 95% of the time"
+        if len(bleu) >= MIN_SEEDS
+        else "too few seeds to measure their spread"
+    )
+    listed = ", ".join(f"{b:.2f}" for b in bleu)
+    return "\n".join(
+        [
+            f"The {len(bleu)} {name} seed(s): {listed}; mean {mean:.2f}, {spread}. "
+            f"The rule: {RULE}.",
+            "",
+            *(
+                f"- {x['variant']}: {x['test_bleu']:.2f}, {x['test_bleu'] - mean:+.2f} against "
+                f"the {name} mean: {verdict(bleu, x['test_bleu'])}"
+                for x in rows
+                if x not in seeds
+            ),
+        ]
+    )
+
+
+def check_budget(used: dict[str, dict], steps: int | None) -> None:
+    """Every model trained exactly the budget fixed in the config and is scored on the
+    state it ended on: a reused run trained to another budget is refused."""
+    for name, x in used.items():
+        if x["steps"] != steps or x["weights"] != f"step {steps}":
+            raise SystemExit(
+                f"{name}: trained {x['steps']} steps, scored {x['weights']}; the config's "
+                f"budget is {steps} steps (retrain it without --reuse)"
+            )
+
+
 def readme_values(r: dict) -> dict[str, str]:
     """The table and verdicts of ``README.template.md``, computed from the results ``r``."""
     rows = r["rows"]
@@ -167,31 +243,19 @@ def readme_values(r: dict) -> dict[str, str]:
         else "**The measured self-attention cache differs from the formula for at least "
         "one variant: look into it.**"
     )
-    seeds = [x for x in rows if x["variant"].startswith(rows[0]["variant"])]
-    if len(seeds) > 1:
-        gap = max(x["test_bleu"] for x in seeds) - min(x["test_bleu"] for x in seeds)
-        seed_gap = (
-            f"The {len(seeds)} {rows[0]['variant']} seeds land {gap:.2f} test BLEU apart: "
-            + (
-                "within a point, so the budget is long enough for differences above that to mean something."
-                if gap <= 1.0
-                else "**more than a point: seed noise is larger than the differences this run can show; "
-                "train longer.**"
-            )
-        )
-    else:
-        seed_gap = "One seed per variant: no measure of seed noise in this run."
     base = rows[0]
+    seeds = base_seeds(rows)
     ratios = ", ".join(
         f"{x['variant']} {x['self_measured'] / base['self_measured']:.3f}× the cache, "
-        f"{x['tokens_per_s'] / base['tokens_per_s']:.2f}× the speed, "
-        f"{x['test_bleu'] - base['test_bleu']:+.2f} BLEU"
-        for x in rows[1:]
+        f"{x['tokens_per_s'] / base['tokens_per_s']:.2f}× the speed"
+        for x in rows
+        if x not in seeds
     )
     return {
         "table": table,
         "check": check,
-        "seed_gap": seed_gap,
+        "verdicts": verdict_lines(rows),
+        "scoring": scoring_note(r),
         "base": base["variant"],
         "ratios": ratios,
     }
@@ -214,7 +278,10 @@ def main() -> int:
     train_min = minutes_since(started)
     torch.set_num_threads(args.threads)
 
-    loaded = {name: checkpoint.load_run(runs / name) for name in variants}
+    scored = {name: last_state(runs / name) for name in variants}
+    used = {name: model_used(runs / name, path) for name, path in scored.items()}
+    check_budget(used, next(iter(configs.values())).train.max_steps)
+    loaded = {name: checkpoint.load_run(path) for name, path in scored.items()}
     d = next(iter(configs.values())).data
     pairs = load_pairs(d)
     refs = [t for _, t in pairs]
@@ -236,7 +303,7 @@ def main() -> int:
                 "parameters": count_parameters(model),
                 "test_bleu": bleu,
                 **cache_bytes(model, speed_src[name][:cache_batch], cache_steps),
-                **training_summary(runs / name),
+                **used[name],
             }
         )
     # One source batch for every variant: EOS banned, the output length is fixed and the
@@ -260,6 +327,7 @@ def main() -> int:
         "cache_batch": cache_batch,
         "cache_steps": cache_steps,
         "budget": budget(t),
+        "scoring": "last state",
         "command": command(),
         "runs": str(runs),
         "train_min": train_min,

@@ -44,6 +44,7 @@ from common import (  # noqa: E402
     command,
     load_pairs,
     minutes_since,
+    model_used,
     output_dir,
     save_figure,
     write_outputs,
@@ -311,6 +312,18 @@ def pct(k: int, n: int) -> str:
     return f"{100 * k / n:.1f}%" if n else "n/a"
 
 
+def model_line(r: dict) -> str:
+    """Which model the results come from, as ``results.json`` records it."""
+    m = r.get("model")
+    if m is None:
+        return "Which weights: not recorded (these results predate the record; rerun pending)."
+    return (
+        f"Weights: `{m['weights_file']}`, {m['weights']}, validation BLEU {m['valid_bleu']:.2f} "
+        f"(sha256 `{m['sha256'][:16]}…`); the run trained {m['steps']} steps in "
+        f"{m['minutes']:.1f} min, best validation BLEU {m['best_valid_bleu']:.2f}."
+    )
+
+
 def readme_values(r: dict) -> dict[str, str]:
     """The tables, verdicts and conclusion of ``README.template.md``, computed from the
     results ``r``."""
@@ -375,6 +388,7 @@ def readme_values(r: dict) -> dict[str, str]:
         "shape_rows": shape_rows,
         "limit_rows": limit_rows,
         "roomiest": f"{roomiest['a']}·S+{roomiest['b']}",
+        "model_line": model_line(r),
         "verdict": " ".join(verdict),
         "trace_rows": trace_rows,
         "conclusion": conclusion,
@@ -428,6 +442,7 @@ def main() -> int:
     plot_trace(trace, pieces, banned_pieces, args.out / "eos_trace.png")
     results = {
         "run": str(run_dir),
+        "model": model_used(run_dir),
         "split": args.split,
         "decode_a": a,
         "decode_b": b,

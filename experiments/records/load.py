@@ -1,0 +1,186 @@
+"""Reading the committed records: what training and validation say apart from the test
+scores, so that a table can be given the one without the other."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from experiments.records import BENCHMARK, GOALS, RECORD, RecordError
+
+# record.json fields every record has (``collect`` writes them).
+FIELDS = (
+    "name",
+    "recipe",
+    "seed",
+    "direction",
+    "budget",
+    "steps",
+    "epochs",
+    "minutes",
+    "weights",
+    "valid_bleu",
+    "scores",
+)
+# Config settings that may differ between the seeds of one recipe: the seed, and how the
+# machine ran it.
+NOT_RECIPE = {
+    "train": ("seed", "threads", "device", "prefetch", "log_every", "attention_sentences")
+}
+
+
+@dataclass(frozen=True)
+class Training:
+    """A run as training and validation saw it: everything the tuning table may use."""
+
+    name: str
+    recipe: str
+    direction: str
+    seed: int
+    budget: str
+    steps: int
+    epochs: float | None
+    minutes: float
+    weights: str  # the scored weights: "step N" or "average of steps A–B"
+    valid_bleu: float  # of the scored weights
+    valid_loss: float  # at the last validation
+    by_epoch: dict[str, float]  # validation BLEU: "1", "2", … (first after each epoch), "end"
+
+
+@dataclass(frozen=True)
+class Tested:
+    """A run with the test scores of its scored weights, by search ("greedy", "beam 5")."""
+
+    training: Training
+    test: dict[str, dict[str, Any]]
+
+
+def plain(description: str) -> str:
+    """A corpus description with directories dropped from its paths ('parallel text files
+    in /home/x/data/multi30k, de-en' -> '... in multi30k, de-en'): the same corpus on two
+    machines reads the same."""
+    return re.sub(r"(?<!\S)/(?:[^\s,/]+/)*", "", description)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(read_text(path))
+    except ValueError as e:
+        raise RecordError(f"{path}: not JSON ({e})") from None
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(read_text(path))
+    except yaml.YAMLError as e:
+        raise RecordError(f"{path}: not YAML ({str(e).splitlines()[0]})") from None
+
+
+def read_text(path: Path) -> str:
+    """A committed text file, or its gzipped form ``NAME.gz``."""
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    packed = path.with_name(path.name + ".gz")
+    if packed.is_file():
+        return gzip.decompress(packed.read_bytes()).decode("utf-8")
+    raise RecordError(f"{path}: missing")
+
+
+def record_dirs(results: Path) -> tuple[list[Path], list[Path]]:
+    """The run records and the benchmark records under ``results``, by name."""
+    runs, benchmarks = [], []
+    for folder in sorted(p for p in results.iterdir() if p.is_dir() and p.name[0] != "."):
+        if (folder / RECORD).is_file():
+            runs.append(folder)
+        elif (folder / BENCHMARK).is_file():
+            benchmarks.append(folder)
+        else:
+            raise RecordError(f"{folder}: neither {RECORD} nor {BENCHMARK}")
+    return runs, benchmarks
+
+
+def record_of(folder: Path) -> dict[str, Any]:
+    """``record.json``, with every field ``FIELDS`` names."""
+    record = read_json(folder / RECORD)
+    for field in FIELDS:
+        if field not in record:
+            raise RecordError(f"{folder / RECORD}: no '{field}' field")
+    return record
+
+
+def load_training(folder: Path) -> Training:
+    """A record's training and validation facts; its test scores are not read."""
+    r = record_of(folder)
+    valid = [row for row in _metrics(folder) if row["kind"] == "valid"]
+    if not valid:
+        raise RecordError(f"{folder}/metrics.jsonl: no validation rows")
+    if any(key not in row for row in valid for key in ("epoch", "loss", "bleu")):
+        raise RecordError(f"{folder}/metrics.jsonl: a validation row without epoch, loss or bleu")
+    by_epoch: dict[str, float] = {}
+    for row in valid:
+        if row["epoch"] >= 1:
+            by_epoch.setdefault(str(row["epoch"]), row["bleu"])
+    by_epoch["end"] = valid[-1]["bleu"]
+    return Training(
+        name=r["name"],
+        recipe=r["recipe"],
+        direction=r["direction"],
+        seed=r["seed"],
+        budget=r["budget"],
+        steps=r["steps"],
+        epochs=r["epochs"],
+        minutes=r["minutes"],
+        weights=r["weights"],
+        valid_bleu=r["valid_bleu"],
+        valid_loss=valid[-1]["loss"],
+        by_epoch=by_epoch,
+    )
+
+
+def _metrics(folder: Path) -> list[dict[str, Any]]:
+    """``metrics.jsonl``'s rows; a step logged twice (a resumed run) counts once, the last."""
+    rows: dict[tuple[str, int], dict] = {}
+    for n, line in enumerate(read_text(folder / "metrics.jsonl").splitlines(), 1):
+        try:
+            row = json.loads(line)
+            rows[(row["kind"], row["step"])] = row
+        except (ValueError, KeyError, TypeError):
+            raise RecordError(f"{folder}/metrics.jsonl line {n}: not a metrics row") from None
+    return sorted(rows.values(), key=lambda row: row["step"])
+
+
+def load_tested(folder: Path, training: Training) -> Tested | None:
+    """The record's test scores, or None for a record without any (a sweep run)."""
+    files = record_of(folder)["scores"].get("test", {})
+    if not files:
+        return None
+    return Tested(training, {label: read_json(folder / f) for label, f in files.items()})
+
+
+def recipe_config(folder: Path) -> dict[str, Any]:
+    """The record's config without the settings seeds of one recipe may differ in."""
+    config = read_yaml(folder / "config.yaml")
+    for section, keys in NOT_RECIPE.items():
+        for key in keys:
+            config.get(section, {}).pop(key, None)
+    return config
+
+
+def load_goals(results: Path) -> dict[str, Any]:
+    """``goals.yaml``: ``min_seeds`` and a list of goals (direction, recipe, metric,
+    at_least); none when the file is absent."""
+    path = results / GOALS
+    if not path.is_file():
+        return {"min_seeds": 1, "goals": []}
+    goals = read_yaml(path) or {}
+    for i, goal in enumerate(goals.get("goals", []), 1):
+        for field in ("direction", "recipe", "metric", "at_least"):
+            if field not in goal:
+                raise RecordError(f"{path}: goal {i} has no '{field}'")
+    return {"min_seeds": goals.get("min_seeds", 1), "goals": goals.get("goals", [])}

@@ -1,0 +1,155 @@
+"""The speed tables, from the benchmarks' JSON records (``bench_train.py`` and
+``bench_decode.py`` with ``--json experiments/results/NAME/benchmark.json``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from experiments.records import BENCHMARK, RecordError
+from experiments.records.load import read_json
+
+NEEDS = {
+    "train": (
+        "environment",
+        "model_config",
+        "parameters",
+        "precision",
+        "rounds",
+        "steps_per_round",
+        "matmul_peak_flops_per_s",
+        "results",
+        "speedup_vs_best_reference",
+    ),
+    "decode": ("environment", "setup", "cases", "bleu"),
+}
+
+
+def speed_sections(folders: list[Path]) -> str:
+    """A section per benchmark record: training ones first, then decoding."""
+    loaded = [(folder.name, _benchmark(folder)) for folder in folders]
+    parts = []
+    for kind, title, render in (
+        ("train", "Training speed", train_speed),
+        ("decode", "Decoding speed", decode_speed),
+    ):
+        found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
+        parts.append(f"## {title}\n\n" + ("\n\n".join(found) or "No benchmark records yet."))
+    return "\n\n".join(parts)
+
+
+def _benchmark(folder: Path) -> dict[str, Any]:
+    path = folder / BENCHMARK
+    b = read_json(path)
+    kind = b.get("benchmark")
+    if kind not in NEEDS:
+        raise RecordError(f"{path}: 'benchmark' must be one of {', '.join(NEEDS)}")
+    for field in NEEDS[kind]:
+        if field not in b:
+            raise RecordError(f"{path}: no '{field}' field")
+    return b
+
+
+def environment_line(env: dict[str, Any]) -> str:
+    commit = (env.get("git_commit") or "unknown")[:10]
+    return (
+        f"{env['cpu']}, {env['threads']} torch thread(s), torch {env['versions']['torch']}, "
+        f"commit {commit}"
+    )
+
+
+def _command(b: dict[str, Any]) -> str:
+    return f"\n\nCommand: `{' '.join(b['command'])}`" if b.get("command") else ""
+
+
+def _quick(b: dict[str, Any]) -> str:
+    quick = b.get("quick") or b.get("setup", {}).get("quick")
+    return " **A `--quick` run: its numbers prove the script runs, nothing more.**" * bool(quick)
+
+
+def _weights(b: dict[str, Any]) -> str:
+    m = b.get("model")
+    return f" (weights {m['weights']}, sha256 `{m['sha256'][:16]}…`)" if m else ""
+
+
+def train_speed(name: str, b: dict[str, Any]) -> str:
+    """Target tokens/s of each set-up, its spread over rounds and its share of the peaks."""
+    c, peaks = b["model_config"], b["matmul_peak_flops_per_s"]
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{environment_line(b['environment'])}; d_model {c['d_model']}, {c['n_heads']} heads, "
+        f"d_ff {c['d_ff']}, {c['n_enc_layers']}+{c['n_dec_layers']} layers, "
+        f"{b['parameters']:,} parameters, {b['precision']}; median of {b['rounds']} rounds of "
+        f"{b['steps_per_round']} steps.{_quick(b)}{_command(b)}",
+        "",
+        train_table(b["results"], peaks),
+    ]
+    speedup, goal = b["speedup_vs_best_reference"], b.get("speedup_goal")
+    verdict = f" (goal ≥ {goal}×: {'met' if speedup >= goal else 'not met'})" if goal else ""
+    lines += ["", f"seq2seq / best eager nn.Transformer: {speedup:.2f}×{verdict}."]
+    return "\n".join(lines)
+
+
+def decode_speed(name: str, b: dict[str, Any]) -> str:
+    """Each A/B case's tokens/s and ratio against its goal; the engines' test BLEU."""
+    s = b["setup"]
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{environment_line(b['environment'])}; run `{s['run']}`{_weights(b)}, "
+        f"{s['sentences']} sentences, "
+        f"output lengths {', '.join(map(str, s['lengths']))} (EOS banned), median of "
+        f"{s['repeats']} repeats on {s['device']}.{_quick(b)}{_command(b)}",
+        "",
+        cases_table(b["cases"]),
+    ]
+    if b["bleu"]:
+        lines += ["", bleu_table(b["bleu"])]
+    return "\n".join(lines)
+
+
+def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
+    """``bench_train.py``'s rows: what it prints and what the render shows."""
+    lines = [
+        "| set-up | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak "
+        "| of bf16 peak | warm-up s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['model']} | {r['tokens_per_s']:,.0f} "
+        f"| {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} | {r['ms_per_step']:.1f} "
+        f"| {r['model_flops_per_s'] / 1e9:.2f} | {r['model_flops_per_s'] / peaks['fp32']:.1%} "
+        f"| {r['model_flops_per_s'] / peaks['bf16']:.1%} | {r['warmup_seconds']:.1f} |"
+        for r in results
+    ]
+    return "\n".join(lines)
+
+
+def cases_table(rows: list[dict[str, Any]]) -> str:
+    """``bench_decode.py``'s A/B cases: tokens/s of each side, ratio, goal, verdict."""
+    lines = [
+        "| case | ours tok/s | reference tok/s | ratio | goal | pass |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    lines += [
+        f"| {r['case']} | {r['ours_tok_s']:,.0f} | {r['reference_tok_s']:,.0f} "
+        f"| {r['ratio']:.2f} | {r['goal']} | {_passed(r['pass'])} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def bleu_table(rows: list[dict[str, Any]]) -> str:
+    """``bench_decode.py --ctranslate2``'s test BLEU per engine and beam."""
+    lines = ["| engine | beam | test BLEU | goal | pass |", "|---|---:|---:|---|---|"]
+    lines += [
+        f"| {r['engine']} | {r['beam']} | {r['bleu']:.2f} | {r.get('goal', '-')} "
+        f"| {_passed(r.get('pass'))} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def _passed(value: bool | None) -> str:
+    return "-" if value is None else ("pass" if value else "FAIL")

@@ -1,0 +1,283 @@
+"""Run records (``experiments/records``): ``collect`` copies a real run's evidence, ``render``
+turns records into tables. Rendering is tested on small records written here, with figures
+chosen so that each can be found (or must be absent) in the output."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import tiny_run_dir
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # experiments/ is run from the repository root
+
+from experiments.records import RecordError  # noqa: E402
+from experiments.records import collect as collect_module  # noqa: E402
+from experiments.records.__main__ import main  # noqa: E402
+from experiments.records.load import load_training, read_text  # noqa: E402
+from experiments.records.render import (  # noqa: E402
+    END,
+    START,
+    differences,
+    load_records,
+    rendered,
+    results_page,
+)
+from experiments.records.tables import tuning_table  # noqa: E402
+from seq2seq.checkpoint import read_tensors, write_tensors  # noqa: E402
+from seq2seq.evaluate import evaluate_split  # noqa: E402
+
+# --- collect, on a real run --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def scored_run(tmp_path_factory) -> Path:
+    """The tiny session run, copied, with greedy and beam 5 test scores in it."""
+    run = tmp_path_factory.mktemp("records") / "run"
+    shutil.copytree(tiny_run_dir(tmp_path_factory), run)
+    evaluate_split(run, split="test")
+    evaluate_split(run, split="test", decode=_beam(run, 5), hyp_file=run / "hyps.test.beam5.en.txt")
+    return run
+
+
+def _beam(run: Path, k: int):
+    from seq2seq.checkpoint import load_config_file
+
+    return load_config_file(run).decode.with_overrides(beam=k)
+
+
+def test_collect_copies_the_evidence_and_no_weights(scored_run, tmp_path, monkeypatch):
+    size = (scored_run / "hyps.test.en.txt").stat().st_size
+    monkeypatch.setattr(collect_module, "GZIP_OVER", size - 1)  # so the hypotheses get gzipped
+    assert main(["--results", str(tmp_path), "collect", str(scored_run), "tiny-s1"]) == 0
+    out = tmp_path / "tiny-s1"
+    record = json.loads((out / "record.json").read_text())
+    assert record["recipe"] == "tiny" and record["seed"] == 1 and record["direction"] == "de-en"
+    assert record["steps"] == 60 and record["budget"] == "30.0 min or 60 steps"
+    best = (scored_run / "model.safetensors").read_bytes()
+    assert record["sha256"] == hashlib.sha256(best).hexdigest()
+    assert record["scores"] == {
+        "test": {"greedy": "hyps.test.en.json", "beam 5": "hyps.test.beam5.en.json"},
+        "validation": {},
+    }
+    assert not list(out.rglob("*.safetensors"))
+    for name in ("config.yaml", "metrics.jsonl", "environment.json", "data_summary.json"):
+        assert read_text(out / name) == (scored_run / name).read_text()
+    assert (out / "hyps.test.en.txt.gz").is_file() and not (out / "hyps.test.en.txt").exists()
+    assert read_text(out / "hyps.test.en.txt") == (scored_run / "hyps.test.en.txt").read_text()
+    lines = (scored_run / "metrics.jsonl").read_text().splitlines()
+    last = [row for row in map(json.loads, lines) if row["kind"] == "valid"][-1]
+    training = load_training(out)
+    assert (training.valid_loss, training.by_epoch["end"]) == (last["loss"], last["bleu"])
+
+
+def test_collect_refuses_in_one_line(scored_run, tmp_path, capsys):
+    results = str(tmp_path)
+    assert main(["--results", results, "collect", str(scored_run), "a", "--seed", "2"]) == 2
+    assert main(["--results", results, "collect", str(tmp_path / "nothing"), "b"]) == 2
+    assert main(["--results", results, "collect", str(scored_run), "c"]) == 0
+    assert main(["--results", results, "collect", str(scored_run), "c"]) == 2
+    killed = tmp_path / "killed"
+    shutil.copytree(scored_run, killed)
+    tensors, state = read_tensors(killed / "last.safetensors")
+    write_tensors(killed / "last.safetensors", tensors, {**state, "finished": False})
+    assert main(["--results", results, "collect", str(killed), "d"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 4 and all(e.startswith("records: error: ") for e in errors)
+    assert "train.seed 1" in errors[0] and "exists" in errors[2] and "not finished" in errors[3]
+    assert {p.name for p in tmp_path.iterdir()} == {"c", "killed"}  # nothing half-written
+
+
+# --- render, on records written here -----------------------------------------------------
+
+
+def write_record(
+    results: Path,
+    name: str,
+    seed: int,
+    valid_bleu: float,
+    test: dict[str, float] | None = None,
+    recipe: str = "base",
+    lr: float = 0.002,
+) -> Path:
+    """A record like ``collect`` writes: ``test`` = greedy BLEU, beam 5 BLEU, literature
+    scale and chrF, or no test scores."""
+    out = results / name
+    out.mkdir(parents=True)
+    config = {"data": {"src": "de", "tgt": "en"}, "train": {"seed": seed, "lr": lr}}
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = [
+        {"kind": "train", "step": 5, "loss": 4.0},
+        {"kind": "valid", "step": 10, "epoch": 1, "loss": 3.5, "bleu": valid_bleu - 5},
+        {"kind": "valid", "step": 20, "epoch": 2, "loss": 2.5, "bleu": valid_bleu - 1},
+        {"kind": "valid", "step": 25, "epoch": 2, "loss": 2.25, "bleu": valid_bleu},
+    ]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scores = {}
+    for label, beam in (("greedy", 1), ("beam 5", 5)) if test else ():
+        scores[label] = f"hyps.test.{beam}.json"
+        bleu = test["greedy"] if beam == 1 else test["beam"]
+        (out / scores[label]).write_text(
+            json.dumps(
+                {
+                    "data": "parallel text files in /x/multi30k, de-en",
+                    "split": "test",
+                    "sentences": 1000,
+                    "bleu": bleu,
+                    "bleu_signature": "nrefs:1|case:mixed",
+                    "bleu_lc_norm_tok": test["literature"],
+                    "chrf": test["chrf"],
+                }
+            )
+        )
+    record = {
+        "name": name,
+        "recipe": recipe,
+        "seed": seed,
+        "direction": "de-en",
+        "budget": "30 min",
+        "steps": 25,
+        "epochs": 2.5,
+        "minutes": 30.1,
+        "weights": "step 25",
+        "valid_bleu": valid_bleu,
+        "scores": {"test": scores, "validation": {}},
+    }
+    (out / "record.json").write_text(json.dumps(record))
+    return out
+
+
+def three_seeds(results: Path) -> None:
+    for seed, greedy in ((1, 38.0), (2, 39.0), (3, 40.0)):
+        test = {"greedy": greedy, "beam": greedy + 1, "literature": 41.5, "chrf": 60.0}
+        write_record(results, f"base-s{seed}", seed, 40.0 + seed, test)
+
+
+def test_a_recipe_is_the_mean_and_sd_of_its_seeds_beside_each_seed(tmp_path):
+    three_seeds(tmp_path)
+    page = results_page(load_records(tmp_path))
+    assert "| test BLEU greedy | 39.00 ± 1.00 | 38.00 | 39.00 | 40.00 |" in page
+    assert "| test BLEU beam 5 | 40.00 ± 1.00 | 39.00 | 40.00 | 41.00 |" in page
+    assert "mean ± sd, 3 seeds | seed 1 | seed 2 | seed 3 |" in page
+    # validation after each epoch (the first validation after it) and at the end
+    assert "| validation BLEU, epoch 2 | 41.00 ± 1.00 | 40.00 | 41.00 | 42.00 |" in page
+    assert "| validation BLEU, end | 42.00 ± 1.00 | 41.00 | 42.00 | 43.00 |" in page
+
+
+def test_one_seed_is_labelled(tmp_path):
+    test = {"greedy": 39.22, "beam": 40.29, "literature": 41.0, "chrf": 60.0}
+    write_record(tmp_path, "base-s1", 1, 40.1, test)
+    records = load_records(tmp_path)
+    page = results_page(records)
+    assert "|  | 1 seed | seed 1 |" in page and "| test BLEU greedy | 39.22 | 39.22 |" in page
+    assert "39.22 (1 seed)" in tuning_or_compact(tmp_path)
+
+
+def tuning_or_compact(results: Path) -> str:
+    """The README block rendered into a page with the markers."""
+    page = results / "README.md"
+    page.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
+    return rendered(results, results / "results.md", [page])[page]
+
+
+def test_the_tuning_table_never_shows_a_test_score(tmp_path):
+    three_seeds(tmp_path)
+    write_record(tmp_path, "sweep", 1, 37.77, recipe="sweep", lr=0.005)
+    records = load_records(tmp_path)
+    table = tuning_table(records.trainings)
+    assert "42.00 ± 1.00 (41.00, 42.00, 43.00)" in table and "37.77 (1 seed)" in table
+    page = results_page(records)
+    tuning = page.split("## Tuning")[1].split("\n## ")[0]
+    assert table in tuning
+    for figure in ("38.00", "39.00", "40.00", "41.50", "60.00"):  # test BLEU, scale, chrF
+        assert figure not in tuning
+    assert table.index("| base |") < table.index("| sweep |")  # best validation first
+
+
+def test_goals_are_decided_on_the_mean_of_enough_seeds(tmp_path):
+    three_seeds(tmp_path)
+    goals = {
+        "min_seeds": 3,
+        "goals": [
+            {"direction": "de-en", "recipe": "base", "metric": "bleu_greedy", "at_least": 38.5},
+            {"direction": "de-en", "recipe": "base", "metric": "bleu_beam5", "at_least": 40.5},
+            {"direction": "en-de", "recipe": "base", "metric": "bleu_greedy", "at_least": 39},
+        ],
+    }
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    page = results_page(load_records(tmp_path))
+    assert "greedy ≥ 38.5: **met** (mean 39.00 over 3 seeds)" in page
+    assert "beam 5 ≥ 40.5: not met (mean 40.00 over 3 seeds)" in page
+    assert "- en→de, base, test BLEU greedy ≥ 39: no record yet" in page
+    goals["min_seeds"] = 4
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    page = results_page(load_records(tmp_path))
+    assert "not decided: mean 39.00 over 3 seeds; the goal counts ≥ 4 seeds" in page
+
+
+def test_a_missing_record_field_is_a_one_line_error(tmp_path, capsys):
+    out = write_record(tmp_path, "base-s1", 1, 40.0)
+    record = json.loads((out / "record.json").read_text())
+    del record["steps"]
+    (out / "record.json").write_text(json.dumps(record))
+    with pytest.raises(RecordError, match="no 'steps' field"):
+        load_records(tmp_path)
+    assert main(["--results", str(tmp_path), "render", "--check"]) == 2
+    [error] = capsys.readouterr().err.splitlines()
+    assert error.startswith("records: error: ") and "no 'steps' field" in error
+    assert main(["--results", str(tmp_path), "render"]) == 2  # docs/ shows the repo's only
+
+
+def test_seeds_of_one_recipe_must_share_the_recipe(tmp_path):
+    write_record(tmp_path, "base-s1", 1, 40.0)
+    write_record(tmp_path, "base-s2", 2, 40.0, lr=0.003)
+    with pytest.raises(RecordError, match="differ in train.lr"):
+        load_records(tmp_path)
+
+
+def test_the_markers_take_the_compact_table_and_check_finds_stale_files(tmp_path):
+    three_seeds(tmp_path)
+    text = tuning_or_compact(tmp_path)
+    assert text.startswith(f"intro\n{START}\n") and text.endswith(f"{END}\nrest\n")
+    assert "| de→en | base | 3 | 39.00 ± 1.00 | 40.00 ± 1.00 | 41.50 ± 0.00 |" in text
+    assert "old" not in text
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    files = rendered(tmp_path, tmp_path / "results.md", [plain])
+    assert plain not in files  # a page without the markers is left alone
+    assert differences(files) == [f"{tmp_path / 'results.md'} (missing)"]
+    for path, content in files.items():
+        path.write_text(content)
+    assert differences(files) == []
+    (tmp_path / "results.md").write_text(content.replace("39.00 ± 1.00", "39.50 ± 1.00"))
+    [stale] = differences(files)
+    assert stale.startswith(str(tmp_path / "results.md")) and "(line " in stale
+    broken = tmp_path / "broken.md"
+    broken.write_text(f"{START}\nno end\n")
+    with pytest.raises(RecordError, match="without"):
+        rendered(tmp_path, tmp_path / "results.md", [broken])
+
+
+def test_decode_benchmark_records_become_a_speed_table(tmp_path):
+    out = tmp_path / "bench-decode"
+    out.mkdir()
+    environment = {"cpu": "Test CPU", "threads": 2, "versions": {"torch": "9.9"}, "git_commit": "c"}
+    case = {"case": "greedy N=64: cache vs no cache", "ours_tok_s": 4321.0}
+    case.update(reference_tok_s=987.6, ratio=4.38, goal=">= 4x", **{"pass": True})
+    setup = {"run": "runs/de-en", "sentences": 64, "lengths": [64], "repeats": 5, "device": "cpu"}
+    benchmark = {"benchmark": "decode", "environment": environment, "setup": setup}
+    (out / "benchmark.json").write_text(json.dumps({**benchmark, "cases": [case], "bleu": []}))
+    page = results_page(load_records(tmp_path))
+    speed = page.split("## Decoding speed")[1]
+    assert "Test CPU, 2 torch thread(s), torch 9.9" in speed
+    assert "| greedy N=64: cache vs no cache | 4,321 | 988 | 4.38 | >= 4x | pass |" in speed
+
+
+def test_the_committed_results_page_is_the_render_of_the_committed_records(capsys):
+    assert main(["render", "--check"]) == 0, capsys.readouterr().out
