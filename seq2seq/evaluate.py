@@ -89,7 +89,8 @@ def evaluate_split(
     its columns only for its own corpus), ``decode``
     to its ``decode`` section, BLEU's ``tokenize`` to ``bleu_tokenize(tgt)``. Pairs with an
     empty side are not scored; the report counts them (``empty_pairs_dropped``).
-    Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``), one line
+    Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``, with
+    ``.beam{K}`` before the suffix for a beam search), one line
     per scored pair, and the returned scores as JSON beside it (``.json`` in place of the
     suffix). ``progress``: a bar on stderr while decoding, when stderr is a terminal.
     """
@@ -122,7 +123,8 @@ def evaluate_split(
 
     scores = {**score(hyps, refs, tokenize), **literature_bleu(hyps, refs, tgt)}
     home, weights = split_run_path(run_dir)  # other weights than the run's: their own file
-    default = f"hyps.{split}.{tgt}" + (f".{weights.stem}" if weights else "") + ".txt"
+    search = f".beam{decode.beam}" if decode.beam > 1 else ""  # greedy and beam side by side
+    default = f"hyps.{split}.{tgt}{search}" + (f".{weights.stem}" if weights else "") + ".txt"
     hyp_path = Path(hyp_file) if hyp_file else home / default
     scores_path = _scores_path(hyp_path)
     report = {

@@ -62,6 +62,11 @@ def test_cli_evaluate_prints_signatures_and_writes_hypotheses(run_dir, test_pair
     assert scores["bleu_lc_norm_tok_signature"] == signatures[3].removeprefix("signature ")
     assert 0 <= scores["bleu_lc_norm_tok"] <= 100
     assert scores["length_ratio"] == pytest.approx(scores["sys_len"] / scores["ref_len"], abs=1e-4)
+    # a beam search writes beside greedy's files, not over them
+    assert main(["evaluate", str(run_dir), "--device", "cpu", "--beam", "2"]) == 0
+    beam = json.loads((run_dir / "hyps.test.en.beam2.json").read_text(encoding="utf-8"))
+    assert beam["search"]["beam"] == 2 and (run_dir / "hyps.test.en.beam2.txt").is_file()
+    assert json.loads((run_dir / "hyps.test.en.json").read_text())["search"]["beam"] == 1
 
 
 def test_evaluate_split_library(run_dir, test_pairs, tmp_path):

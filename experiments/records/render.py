@@ -46,7 +46,7 @@ HOWTO = f"""## Adding a record
 ```
 seq2seq train … --out runs/NAME
 seq2seq evaluate runs/NAME --split test
-seq2seq evaluate runs/NAME --split test --beam 5 -o runs/NAME/hyps.test.beam5.TGT.txt
+seq2seq evaluate runs/NAME --split test --beam 5
 python -m experiments.records collect runs/NAME NAME --recipe LABEL
 python experiments/bench_train.py … --json experiments/results/NAME/benchmark.json
 {RENDER}
