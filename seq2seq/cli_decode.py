@@ -15,6 +15,34 @@ from seq2seq.errors import Seq2SeqError
 DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
 
 
+class _OldSpelling(argparse.Action):
+    """An option's former name: it still works, with a note on stderr naming the new one."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"note: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed(p: argparse.ArgumentParser, name: str, old: str, **kwargs) -> None:
+    """The option ``name`` (``kwargs`` as for ``add_argument``), also read under its former
+    name ``old``, which ``--help`` no longer shows."""
+    action = p.add_argument(name, **kwargs)
+    p.add_argument(
+        old,
+        dest=action.dest,
+        type=action.type,
+        metavar=action.metavar,
+        action=_OldSpelling,
+        new=name,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
+
+
 def add_columns(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--columns",
@@ -149,6 +177,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument(
+        "--public",
+        action="store_true",
+        help="allow a --host other than loopback (e.g. 0.0.0.0): anyone who reaches it can "
+        "use the explorer, which has no login",
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_serve)
 
@@ -156,7 +190,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from seq2seq.serve import serve
 
-    serve(args.run_dir, host=args.host, port=args.port, device=args.device)
+    serve(args.run_dir, host=args.host, port=args.port, device=args.device, public=args.public)
     return 0
 
 
@@ -173,8 +207,12 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
     )
-    p.add_argument(
-        "--batch-tokens", type=int, help="source tokens per batch (default: decode.max_tokens)"
+    add_renamed(
+        p,
+        "--max-tokens",
+        "--batch-tokens",
+        type=int,
+        help="source tokens per batch (default: decode.max_tokens)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
@@ -188,7 +226,7 @@ def _decode_overrides(args: argparse.Namespace) -> dict:
         "length_penalty": args.length_penalty,
         "max_len_a": args.max_len_a,
         "max_len_b": args.max_len_b,
-        "max_tokens": args.batch_tokens,
+        "max_tokens": args.max_tokens,
         "use_cache": False if args.no_cache else None,
         "ban_eos": True if args.ban_eos else None,
     }
@@ -253,7 +291,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "evaluate",
         help="translate a split and score it (sacreBLEU BLEU, chrF)",
         description="Decode a split of a corpus and print BLEU, chrF (with signatures), "
-        "lowercased BLEU, the length ratio and the stop reasons; write the hypotheses "
+        "lowercased BLEU, BLEU on the Multi30k papers' scale (lowercased, normalised, "
+        "Moses-tokenized), the length ratio and the stop reasons; write the hypotheses "
         "and the scores (JSON beside them).",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -264,7 +303,10 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-split", help="which test* split is the test set (default: the run's)")
     add_columns(p)
     p.add_argument(
-        "-o", "--output", type=Path, help="hypothesis file (default RUN_DIR/hyps.SPLIT.TGT.txt)"
+        "-o",
+        "--output",
+        type=Path,
+        help="hypothesis file (default RUN_DIR/hyps.SPLIT.TGT[.beamK].txt)",
     )
     p.add_argument(
         "--tokenize",

@@ -7,14 +7,28 @@ with the same code as ``seq2seq attention`` and answers with the explorer page
 decoding, so a user sees that only the length of the output changes.
 
 Bad input (empty, too long, invalid UTF-8, a malformed number) gets the form back with a
-message on the page and status 400; an unexpected failure gets a one-line message and
-status 500. Neither stops the server.
+message on the page and status 400; an unexpected failure gets a generic message and
+status 500, its detail going to the server's log (stderr). Neither stops the server.
+
+Any web page the user visits can send requests to a local server, so the server guards
+what it spends: a request that asks to decode must come from its own page (Host names this
+server, Origin and Sec-Fetch-Site, where a browser sends them, say the same site); a
+request must arrive whole within ``REQUEST_TIMEOUT`` seconds; at most ``MAX_CONNECTIONS``
+are handled at once (more get 503); one request may ask for at most ``MAX_WEIGHTS``
+attention weights. Binding an address other than loopback takes ``public=True``.
 """
 
 from __future__ import annotations
 
+import io
+import ipaddress
+import re
+import socket
 import sys
 import threading
+import time
+import traceback
+from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,22 +37,46 @@ from urllib.parse import parse_qs, urlsplit
 from seq2seq.attention_report import sentence_records
 from seq2seq.errors import Seq2SeqError
 from seq2seq.explorer import render_page
+from seq2seq.search import max_output_length
 from seq2seq.translate import Translator
 
 MAX_BODY_BYTES = 64 * 1024  # a request larger than this is refused unread
 MAX_CHARS = 2000  # characters of text per request
 MAX_SENTENCES = 10  # lines per request
-MAX_BEAM = 16
+# The work one request may ask for. Every attention weight of every output is kept and
+# drawn on the page (beam search keeps each hypothesis' too): MAX_WEIGHTS bounds what
+# a request holds. Each decoding step reallocates the self-attention cache one step
+# longer, and glibc's malloc keeps much of what that frees, so resident memory grows with
+# beam x max_len^2 besides: on the default model shape a request at these limits peaked
+# at about +0.4 GB, at max_len 511 at +1.3 GB (experiments/robustness/serve_load.py).
+MAX_BEAM = 8
+MAX_LEN = 256
+MAX_WEIGHTS = 1 << 20
+REQUEST_TIMEOUT = 10.0  # seconds for a request's line, headers and body to arrive
+MAX_CONNECTIONS = 64  # handled at once, one thread each
 TITLE = "Attention explorer"
+INTERNAL_ERROR = "internal error: nothing was translated (the server's log has the details)"
+_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() takes "²", which int() refuses
+_HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\[\]:/@\s]+)(:[0-9]{1,5})?")
+_SAME_SITE = ("same-origin", "none")  # Sec-Fetch-Site of the page's own form, or a typed URL
+_BUSY_TEXT = b"busy: too many connections at once; try again in a few seconds"
+_BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+_BUSY += b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+
+
+def _whole_number(text: str) -> int | None:
+    """``text`` as an int if it is ASCII digits only, else None."""
+    return int(text) if _DIGITS.fullmatch(text) else None
 
 
 def _number(form: dict, key: str, largest: int) -> int | None:
     text = form.get(key, "").strip()
     if not text:
         return None
-    if not text.isdigit() or not 1 <= int(text) <= largest:
+    value = _whole_number(text)
+    if value is None or not 1 <= value <= largest:
         raise Seq2SeqError(f"{key} must be a whole number from 1 to {largest}, got '{text[:20]}'")
-    return int(text)
+    return value
 
 
 class Explorer:
@@ -74,13 +112,33 @@ class Explorer:
             raise Seq2SeqError("the text is empty: type a sentence to translate")
         if len(sentences) > MAX_SENTENCES:
             raise Seq2SeqError(f"{len(sentences)} sentences; at most {MAX_SENTENCES} at a time")
-        max_len = _number(form, "max_len", self.translator.model.config.max_positions - 1)
+        longest = min(MAX_LEN, self.translator.model.config.max_positions - 1)
+        max_len = _number(form, "max_len", longest)
         beam = _number(form, "beam", MAX_BEAM)
+        self._check_work(sentences, max_len)
         with self.lock:
             return sentence_records(
                 self.translator, sentences, beam=beam, max_len=max_len,
                 ban_eos=bool(form.get("ban_eos")), words=bool(form.get("words")),
             )  # fmt: skip
+
+    def _check_work(self, sentences: list[str], max_len: int | None) -> None:
+        """Refuse, before decoding, a request whose outputs may hold more than
+        ``MAX_WEIGHTS`` attention weights: (output x source subwords) x layers x heads,
+        with each output as long as its length limit allows."""
+        tok, config = self.translator.tokenizer, self.translator.model.config
+        decode = self.translator.config.decode
+        a, b = (0.0, max_len) if max_len is not None else (decode.max_len_a, decode.max_len_b)
+        cells = 0
+        for sentence in sentences:
+            src_len = min(len(tok.encode(sentence, "src")), self.translator.max_src_len) + 1
+            cells += max_output_length(src_len, a, b, config.max_positions) * src_len
+        weights = cells * config.n_dec_layers * config.n_heads
+        if weights > MAX_WEIGHTS:
+            raise Seq2SeqError(
+                f"this asks for up to {weights:,} attention weights, at most {MAX_WEIGHTS:,} "
+                "at a time: send fewer or shorter sentences, or a smaller max_len"
+            )
 
 
 def _form(data: bytes) -> dict[str, str]:
@@ -96,30 +154,66 @@ def _form(data: bytes) -> dict[str, str]:
         raise Seq2SeqError("the text is not valid UTF-8: nothing was translated") from None
 
 
+class _Deadline(io.RawIOBase):
+    """A socket's reads, which together must end by a deadline: a client that sends a byte
+    now and then holds its connection no longer than one that sends nothing."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self.sock = sock
+        self.end = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     explorer: Explorer  # set on the subclass make_server builds
     server_version = "seq2seq-explorer"
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile = io.BufferedReader(_Deadline(self.connection, self.timeout))
+
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         url = urlsplit(self.path)
+        if self._refused(decodes=bool(url.query)):
+            return
         if url.path != "/":
-            self._send(
-                HTTPStatus.NOT_FOUND, render_page([], title=TITLE, error="no such page: try /")
-            )
+            self._send(HTTPStatus.NOT_FOUND, self._error_page("no such page: try /"))
             return
         self._answer(url.query.encode("latin-1", "replace") if url.query else None)
 
     def do_POST(self) -> None:  # noqa: N802
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit():
-            self._send(HTTPStatus.LENGTH_REQUIRED, self._error_page("the request has no length"))
+        if self._refused(decodes=True):
             return
-        if int(length) > MAX_BODY_BYTES:
+        text = self.headers.get("Content-Length", "").strip()
+        length = _whole_number(text)
+        if length is None:
+            status = HTTPStatus.BAD_REQUEST if text else HTTPStatus.LENGTH_REQUIRED
+            message = f"Content-Length must be a whole number, got '{text[:20]}'"
+            self._send(status, self._error_page(message if text else "the request has no length"))
+            return
+        if length > MAX_BODY_BYTES:
             self.close_connection = True  # the body is left unread
             self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, self._error_page(
-                f"the request has {int(length)} bytes; at most {MAX_BODY_BYTES} please"))  # fmt: skip
+                f"the request has {length} bytes; at most {MAX_BODY_BYTES} please"))  # fmt: skip
             return
-        self._answer(self.rfile.read(int(length)))
+        self._answer(self.rfile.read(length))
+
+    def _refused(self, decodes: bool) -> bool:
+        """Answer a request this server does not take (403), and say whether it did."""
+        message = self.server.refusal(self.headers, decodes)
+        if message:
+            self.close_connection = True  # a POST's body is left unread
+            self._send(HTTPStatus.FORBIDDEN, self._error_page(message))
+        return bool(message)
 
     def _answer(self, body: bytes | None) -> None:
         try:
@@ -127,12 +221,9 @@ class _Handler(BaseHTTPRequestHandler):
             status, page = self.explorer.page(form)
         except Seq2SeqError as e:
             status, page = HTTPStatus.BAD_REQUEST, self._error_page(str(e))
-        except Exception as e:  # noqa: BLE001 (one request's failure must not stop the server)
-            self.log_error("failed: %s", repr(e))
-            status, page = (
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                self._error_page(f"internal error: {e}"),
-            )
+        except Exception:  # noqa: BLE001 (one request's failure must not stop the server)
+            self.log_error("internal error:\n%s", traceback.format_exc())
+            status, page = HTTPStatus.INTERNAL_SERVER_ERROR, self._error_page(INTERNAL_ERROR)
         self._send(status, page)
 
     def _error_page(self, message: str) -> str:
@@ -140,6 +231,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, page: str) -> None:
         data = page.encode("utf-8")
+        self.connection.settimeout(self.timeout)  # for each write, whatever reading left
         self.send_response(status)
         self.send_header("Content-Type", "text/html; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
@@ -148,26 +240,120 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class ExplorerServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most ``max_connections`` threads, each handling one
+    request, and the Host/Origin rules of ``refusal``."""
+
+    daemon_threads = True
+    block_on_close = False  # Ctrl-C does not wait for clients that send nothing
+    request_queue_size = MAX_CONNECTIONS
+
+    def __init__(self, address: tuple[str, int], handler: type, max_connections: int) -> None:
+        self.slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+        self.loopback = ipaddress.ip_address(self.server_address[0]).is_loopback
+        self.wildcard = ipaddress.ip_address(self.server_address[0]).is_unspecified
+        self.hosts = {"localhost", "127.0.0.1", "::1", address[0].lower(), self.server_address[0]}
+
+    def process_request(self, request: socket.socket, client_address: tuple) -> None:
+        if not self.slots.acquire(blocking=False):
+            self._busy(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the thread
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: tuple) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def _busy(self, request: socket.socket) -> None:
+        """Answer 503 from the accepting thread, without waiting on the client."""
+        try:
+            request.settimeout(0.5)
+            request.sendall(_BUSY)
+        except OSError:
+            pass  # a client that cannot take 200 bytes is not waited for
+        self.shutdown_request(request)
+
+    def refusal(self, headers: Message, decodes: bool) -> str:
+        """Why a request with these headers is refused ("" if it is not). Host must name this
+        server: a web page whose name was made to resolve to 127.0.0.1 (DNS rebinding) sends
+        its own. A request that decodes must come from this server's own page: a browser says
+        where a request comes from in Origin (POST) or Sec-Fetch-Site (any request)."""
+        host = headers.get("Host", "")
+        found = _HOST.fullmatch(host)
+        name = found.group(1).strip("[]").lower() if found else ""
+        if not name or not self._names_this_server(name):
+            return f"this server answers only to {self._address()}, not to Host '{host[:60]}'"
+        origin, site = headers.get("Origin"), headers.get("Sec-Fetch-Site", "none")
+        if decodes and (origin not in (None, f"http://{host}") or site not in _SAME_SITE):
+            return "a request from another site is refused: use the form on this page"
+        return ""
+
+    def _names_this_server(self, name: str) -> bool:
+        """True for localhost or the bound address; bound to every interface, for any IP
+        address (the one a client used is unknown, and rebinding needs a domain name)."""
+        if name in self.hosts:
+            return True
+        try:
+            return self.wildcard and bool(ipaddress.ip_address(name))
+        except ValueError:
+            return False
+
+    def _address(self) -> str:
+        host, port = self.server_address[:2]
+        return f"{'its IP address' if self.wildcard else host} or localhost, port {port}"
+
+
 def make_server(
-    translator: Translator, host: str = "127.0.0.1", port: int = 8000
-) -> ThreadingHTTPServer:
-    """A server for the explorer (not started); port 0 picks a free one."""
-    handler = type("Handler", (_Handler,), {"explorer": Explorer(translator)})
+    translator: Translator,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    public: bool = False,
+    timeout: float = REQUEST_TIMEOUT,
+    max_connections: int = MAX_CONNECTIONS,
+) -> ExplorerServer:
+    """A server for the explorer (not started); port 0 picks a free one. An address other
+    than loopback is refused unless ``public``. ``timeout``: seconds a request has to arrive
+    whole, and each write to a client; ``max_connections``: requests handled at once."""
+    handler = type("Handler", (_Handler,), {"explorer": Explorer(translator), "timeout": timeout})
     try:
-        server = ThreadingHTTPServer((host, port), handler)
+        server = ExplorerServer((host, port), handler, max_connections)
     except OSError as e:
         raise Seq2SeqError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    server.daemon_threads = True
+    if not (server.loopback or public):
+        server.server_close()
+        raise Seq2SeqError(
+            f"{host} is not a loopback address: anyone who reaches it could use the explorer, "
+            "which has no login; pass --public to serve it to the network anyway"
+        )
     return server
 
 
 def serve(
-    run_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, device: str = "auto"
+    run_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    *,
+    public: bool = False,
 ) -> None:
     """Load the run, then serve the explorer until interrupted (Ctrl-C)."""
     translator = Translator.from_run(run_dir, device)
-    server = make_server(translator, host, port)
+    server = make_server(translator, host, port, public=public)
     address, bound = server.server_address[:2]
+    if not server.loopback:
+        print(
+            f"warning: {address} is reachable from the network and the explorer has no login: "
+            "anyone who reaches it can make this machine decode",
+            file=sys.stderr,
+        )
     print(f"serving {run_dir} at http://{address}:{bound}/ (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()

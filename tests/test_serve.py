@@ -1,19 +1,34 @@
 """``seq2seq serve`` as a user meets it: started on a free port of 127.0.0.1, driven through
-its page in headless Chromium, and sent bad requests that must not stop it."""
+its page in headless Chromium, and sent bad requests that must not stop it; then, in this
+process with short timeouts, the requests a hostile page or client could send."""
 
+import contextlib
 import http.client
 import json
 import re
 import selectors
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from browser import chromium, explorer_run_dir, open_page
 
+from seq2seq import serve as serve_module
 from seq2seq.cli import main
 from seq2seq.errors import Seq2SeqError
-from seq2seq.serve import MAX_BODY_BYTES, MAX_CHARS, make_server
+from seq2seq.serve import (
+    INTERNAL_ERROR,
+    MAX_BEAM,
+    MAX_BODY_BYTES,
+    MAX_CHARS,
+    ExplorerServer,
+    make_server,
+    serve,
+)
+from seq2seq.translate import Translator
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 
@@ -68,6 +83,7 @@ def test_page_translates_as_the_translate_command_does(server, browser, run_dir,
     url, _, _ = server
     page = open_page(browser, url)
     assert page.is_visible("#explore-form") and not page.is_visible("#explorer")
+    assert page.get_attribute("#beam", "max") == str(MAX_BEAM)  # the form asks what is allowed
     submit(page, SENTENCE)
     assert main(["translate", str(run_dir), SENTENCE, "--device", "cpu"]) == 0
     expected = capsys.readouterr().out.rstrip("\n")
@@ -102,6 +118,22 @@ def test_empty_input_is_a_message_on_the_page(server, browser):
     assert "empty" in page.inner_text("#error") and not page.is_visible("#explorer")
 
 
+def test_a_form_on_another_site_cannot_make_it_decode(server, browser):
+    """What any web page the user visits could do: post a form to the local server."""
+    url, _, _ = server
+    attack = f'<form method="post" action="{url}"><input name="text" value="Ein Hund"></form>'
+    page = browser.new_page()
+    page.route(
+        "http://attacker.example/",
+        lambda route: route.fulfill(body=attack, content_type="text/html"),
+    )
+    page.goto("http://attacker.example/")
+    with page.expect_navigation() as navigation:
+        page.evaluate("document.forms[0].submit()")
+    assert page.url == url and navigation.value.status == 403
+    assert "from another site is refused" in page.inner_text("#error")
+
+
 def post(port: int, body: bytes, content_type="application/x-www-form-urlencoded"):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
@@ -126,6 +158,8 @@ def error_shown(page: str) -> str:
         (b"text=" + b"a" * MAX_BODY_BYTES, 413, f"at most {MAX_BODY_BYTES}"),
         (b"text=x&max_len=-3", 400, "max_len must be a whole number"),
         (b"text=x&beam=999", 400, "beam must be a whole number"),
+        ("text=x&beam=²".encode(), 400, "beam must be a whole number"),  # "²".isdigit()
+        (b"text=x&max_len=%C2%B2", 400, "max_len must be a whole number"),
         ("text=" + "x\n" * 11, 400, "at most 10 at a time"),
     ],
 )
@@ -167,3 +201,218 @@ def test_the_form_data_is_json_safe(server):
     assert status == 200 and page.count("</script>") == 2
     data = re.search(r'id="explorer-data">(.*?)</script>', page, re.S).group(1)
     assert json.loads(data)["form"]["text"] == "</script><b>x"
+
+
+@pytest.fixture(scope="module")
+def translator(run_dir):
+    return Translator.from_run(run_dir, "cpu")
+
+
+@contextlib.contextmanager
+def running(translator, host="127.0.0.1", **options):
+    """A server on a free port, serving from a thread: yields its port."""
+    server = make_server(translator, host, 0, **options)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def send(port, method="POST", path="/", headers=None, body=b"text=Ein+Hund"):
+    """Status and page of one request, with exactly the headers given (Host by default)."""
+    headers = {"Host": f"127.0.0.1:{port}", **(headers or {})}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            if value is not None:
+                conn.putheader(name, value)
+        if method == "POST":
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body if method == "POST" else None)
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8")
+    finally:
+        conn.close()
+
+
+def slow_client(port: int) -> socket.socket:
+    """A connection that promises a 64 KiB body and sends none of it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        f"POST / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 65536\r\n\r\n".encode()
+    )
+    return sock
+
+
+def closed_after(sock: socket.socket) -> float:
+    """Seconds until the server closes ``sock`` (the test fails if it does not in 10 s)."""
+    began = time.monotonic()
+    while sock.recv(4096):  # a response, if any, then the end
+        pass
+    sock.close()
+    return time.monotonic() - began
+
+
+def test_slow_clients_are_dropped_and_never_crowd_out_a_request(translator):
+    """experiments/robustness/serve_load.py, fast: 50 clients that send headers and no body."""
+    with running(translator, timeout=1.0) as port:
+        clients = [slow_client(port) for _ in range(50)]
+        for _ in range(5):
+            began = time.monotonic()
+            assert send(port)[0] == 200  # served beside them
+            assert time.monotonic() - began < 1
+        assert all(closed_after(c) < 1.5 for c in clients)
+        began = time.monotonic()
+        assert send(port)[0] == 200 and time.monotonic() - began < 1
+
+
+def test_a_client_sending_a_byte_at_a_time_is_cut_at_the_deadline(translator):
+    with running(translator, timeout=1.0) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        began = time.monotonic()
+        with pytest.raises(OSError):  # the server closed the connection
+            for byte in f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-Slow: {'x' * 30}":
+                sock.sendall(byte.encode())
+                time.sleep(0.1)
+        assert time.monotonic() - began < 2.5  # each byte came well within the socket timeout
+        sock.close()
+
+
+def test_connections_over_the_cap_are_told_to_come_back(translator):
+    with running(translator, timeout=1.0, max_connections=2) as port:
+        clients = [slow_client(port) for _ in range(2)]
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        extra.sendall(f"GET / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert extra.recv(4096).startswith(b"HTTP/1.0 503 ")
+        extra.close()
+        for c in clients:
+            closed_after(c)
+        assert send(port, "GET", body=None)[0] == 200  # the slots came back
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("127.0.0.1:{port}", 200),
+        ("localhost:{port}", 200),
+        ("LOCALHOST", 200),
+        ("attacker.example:{port}", 403),  # DNS rebinding: a name that resolved to us
+        ("attacker.example@127.0.0.1:{port}", 403),
+        ("10.0.0.1:{port}", 403),  # not the bound address
+        (None, 403),
+    ],
+)
+def test_host_must_name_this_server(translator, host, status):
+    with running(translator) as port:
+        host = host and host.format(port=port)
+        for method in ("GET", "POST"):
+            got, page = send(port, method, headers={"Host": host})
+            assert got == status
+            if status == 403:
+                assert "this server answers only to 127.0.0.1 or localhost" in error_shown(page)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "headers", "status"),
+    [
+        ("POST", "/", {"Origin": "http://attacker.example"}, 403),
+        ("POST", "/", {"Origin": "null"}, 403),
+        ("POST", "/", {"Origin": "http://localhost:{port}"}, 403),  # not the Host it sent
+        ("POST", "/", {"Origin": "http://127.0.0.1:{port}"}, 200),
+        ("POST", "/", {"Sec-Fetch-Site": "cross-site"}, 403),
+        ("POST", "/", {"Sec-Fetch-Site": "same-site"}, 403),  # another port of localhost
+        ("POST", "/", {"Sec-Fetch-Site": "same-origin"}, 200),
+        ("GET", "/?text=Ein+Hund&beam=8", {"Sec-Fetch-Site": "cross-site"}, 403),
+        ("GET", "/?text=Ein+Hund&beam=8", {"Sec-Fetch-Site": "none"}, 200),  # typed in
+        ("GET", "/", {"Sec-Fetch-Site": "cross-site"}, 200),  # a link to the empty form
+    ],
+)
+def test_requests_that_decode_must_come_from_this_page(translator, method, path, headers, status):
+    with running(translator) as port:
+        headers = {k: v.format(port=port) for k, v in headers.items()}
+        got, page = send(port, method, path, headers)
+        assert got == status
+        if status == 403:
+            assert "from another site is refused" in error_shown(page)
+        else:
+            assert "explorer-data" in page
+
+
+@pytest.mark.parametrize(("length", "status"), [("²", 400), ("1e3", 400), ("", 411)])
+def test_a_bad_content_length_is_a_message(translator, length, status):
+    with running(translator) as port:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        head = f"POST / HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {length}\r\n\r\n"
+        sock.sendall(head.encode("latin-1") + b"text=x")  # as http.server reads headers
+        response = b"".join(iter(lambda: sock.recv(65536), b"")).decode()
+        sock.close()
+        assert response.startswith(f"HTTP/1.0 {status} ")
+        assert ("Content-Length must be" if length else "has no length") in error_shown(response)
+        assert send(port)[0] == 200
+
+
+def test_an_internal_error_is_a_generic_page_and_logged(translator, monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise RuntimeError("secret <detail> at /home/user")
+
+    monkeypatch.setattr(serve_module, "sentence_records", fail)
+    with running(translator) as port:
+        status, page = send(port)
+    assert status == 500 and error_shown(page) == INTERNAL_ERROR.replace("'", "&#x27;")
+    assert "secret" not in page and "RuntimeError" not in page
+    assert "RuntimeError: secret <detail>" in capsys.readouterr().err
+
+
+def test_the_work_of_one_request_is_capped(translator, monkeypatch):
+    """With EOS banned every output runs to max_len: the cap, set to exactly the attention
+    weights that request's page holds, lets it through and refuses max_len one longer."""
+    kept = []
+
+    def recording(*args, **kwargs):
+        records = sentence_records(*args, **kwargs)
+        kept.append(sum(r["weights"].size for r in records))
+        return records
+
+    sentence_records = serve_module.sentence_records
+    monkeypatch.setattr(serve_module, "sentence_records", recording)
+    form = "text=Ein+Hund%0AZwei+Hunde+laufen&ban_eos=on&beam=2&max_len="
+    with running(translator) as port:
+        assert send(port, body=f"{form}20".encode())[0] == 200
+        monkeypatch.setattr(serve_module, "MAX_WEIGHTS", kept[0])
+        assert send(port, body=f"{form}20".encode())[0] == 200
+        status, page = send(port, body=f"{form}21".encode())
+    assert status == 400 and f"at most {kept[0]:,} at a time" in error_shown(page)
+    assert len(kept) == 2  # the refused request decoded nothing
+
+
+def test_beam_and_max_len_have_limits_of_their_own(translator, monkeypatch):
+    monkeypatch.setattr(serve_module, "MAX_LEN", 20)  # below this model's own limit, 63
+    with running(translator) as port:
+        assert send(port, body=b"text=Ein+Hund&ban_eos=on&max_len=20")[0] == 200
+        status, page = send(port, body=b"text=Ein+Hund&max_len=21")
+        assert status == 400 and "max_len must be a whole number from 1 to 20" in page
+        status, page = send(port, body=f"text=Ein+Hund&beam={MAX_BEAM + 1}".encode())
+        assert status == 400 and f"beam must be a whole number from 1 to {MAX_BEAM}" in page
+
+
+def test_a_non_loopback_address_needs_public(run_dir, translator, capsys, monkeypatch):
+    with pytest.raises(Seq2SeqError, match="not a loopback address.*--public"):
+        make_server(translator, "0.0.0.0", 0)
+    assert main(["serve", str(run_dir), "--host", "0.0.0.0", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a loopback address" in err and "--public" in err
+
+    with running(translator, "0.0.0.0", public=True) as port:  # any IP: unknown which is used
+        assert send(port, headers={"Host": f"192.0.2.7:{port}"})[0] == 200
+        assert send(port, headers={"Host": f"attacker.example:{port}"})[0] == 403
+
+    def interrupted(self, *args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ExplorerServer, "serve_forever", interrupted)
+    serve(run_dir, "0.0.0.0", 0, "cpu", public=True)
+    assert "warning: 0.0.0.0 is reachable from the network" in capsys.readouterr().err
