@@ -2,10 +2,15 @@
 
 Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
 ``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
-all ``-inf`` softmax (NaN). Finding one reads the mask on the host, a device sync, so it is
-checked once where a mask is built (``check_rows``; ``Seq2Seq.encode`` does it for the
-source padding mask, and a causal mask always allows a query's own position), never in
-every attention call: attention trusts the rows of the masks it is given.
+all ``-inf`` softmax (NaN). Finding one reads the mask on the host, a device sync:
+``MultiHeadAttention`` used on its own checks every mask it is given (``check_rows``), while
+the model's layers build theirs with ``check_rows=False``, because ``Seq2Seq.encode`` checks
+the source padding mask once per batch and a causal mask always allows a query's own
+position, so decoding steps run without a sync.
+
+The output always comes from the fused kernel; weights, when asked for, are computed beside
+it. Under bf16 a last-bit difference in one attention output can flip a rounding downstream
+and with it a decoded token, so asking for the weights must not change the output at all.
 
 Letters: ``B`` batch, ``Tq`` queries, ``Tk`` keys, ``D`` d_model, ``H`` query heads, ``G``
 key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
@@ -135,43 +140,46 @@ def attend(
     """Scaled dot-product attention over split heads, with G <= H key/value heads.
 
     Query head ``h`` reads key/value head ``h // (H / G)``: consecutive query heads share.
-    Without weights this is the fused ``F.scaled_dot_product_attention``; with weights it is
-    the explicit ``softmax(Q Kᵀ / √Dh + mask) V``, and both give the same output.
+    The output is the fused ``F.scaled_dot_product_attention``'s, with or without weights;
+    ``need_weights`` adds the explicit ``softmax(Q Kᵀ / √Dh + mask)`` (before dropout), so
+    ``weights @ V`` is the output up to rounding. Under bf16 on a CPU attention computes in
+    fp32 and returns ``out`` in bf16, weights in fp32.
 
     Shapes:
         q: (B, H, Tq, Dh); k, v: (B, G, Tk, Dh); allowed: broadcastable to (B, 1, Tq, Tk)
         returns out (B, H, Tq, Dh) and weights (B, H, Tq, Tk) or None
     """
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # The CPU's bf16 kernel trains many times slower than its fp32 one (its backward
+        # above all), and attention is a small share of the FLOPs: under bf16 autocast it
+        # runs in fp32 and only the projections around it in bf16.
+        with torch.autocast("cpu", enabled=False):
+            out, weights = attend(q.float(), k.float(), v.float(), allowed, dropout, need_weights)
+        return out.to(q.dtype), weights
+    out = _fused(q, k, v, allowed, dropout)
+    return out, _weights(q, k, allowed) if need_weights else None
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> Tensor:
+    """``F.scaled_dot_product_attention``. Shapes as ``attend``."""
+    h, g = q.shape[1], k.shape[1]
+    if g != h and not _SDPA_HAS_GQA:
+        k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
+    kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
+
+
+def _weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
+    """``softmax(Q Kᵀ / √Dh + mask)``, before dropout. Shapes as ``attend``."""
     b, h, tq, dh = q.shape
     g, tk = k.shape[1], k.shape[2]
-    if not need_weights:
-        if g != h and not _SDPA_HAS_GQA:
-            k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
-        kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
-        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-            # The CPU's bf16 kernel trains many times slower than its fp32 one (its backward
-            # above all), and attention is a small share of the FLOPs: under bf16 autocast it
-            # runs in fp32 and only the projections around it in bf16.
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), attn_mask=allowed, dropout_p=dropout, **kwargs
-                )
-            return out, None
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs
-        )
-        return out, None
-
     # Group query heads by the key/value head they share: a broadcast, not a copy.
     qg = q.view(b, g, h // g, tq, dh)  # (B, G, H/G, Tq, Dh)
     scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(dh)  # (B, G, H/G, Tq, Tk)
     scores = scores.view(b, h, tq, tk)  # (B, H, Tq, Tk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    dropped = F.dropout(weights, p=dropout) if dropout > 0 else weights
-    out = dropped.view(b, g, h // g, tq, tk) @ v.unsqueeze(2)  # (B, G, H/G, Tq, Dh)
-    return out.view(b, h, tq, dh), weights
+    return scores.softmax(dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -183,6 +191,9 @@ class MultiHeadAttention(nn.Module):
     absolute positions): each key/value token is compressed to a ``d_latent`` vector, only
     that latent is cached, and K and V are up-projected from it. Keys and values are then
     one input, so MLA is for self-attention: ``k`` must be ``v``.
+
+    ``check_rows`` (default): refuse a mask with a query row that allows no key, at the cost
+    of a host read per call; ``False`` for a caller that checked its masks once already.
 
     Shapes:
         q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
@@ -196,6 +207,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
         d_latent: int | None = None,
+        check_rows: bool = True,
     ) -> None:
         super().__init__()
         if d_model < 1 or n_heads < 1 or d_model % n_heads:
@@ -217,6 +229,7 @@ class MultiHeadAttention(nn.Module):
             self.v_proj = nn.Linear(d_latent, d_kv)
         self.d_latent = d_latent
         self.out_proj = nn.Linear(d_model, d_model)
+        self.check_rows = check_rows
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, shared_kv: bool) -> None:
         if any(x.ndim != 3 for x in (q, k, v)):
@@ -286,6 +299,8 @@ class MultiHeadAttention(nn.Module):
         bk, tk = kh.shape[0], kh.shape[2]
         if allowed is not None:
             check_mask(allowed, bk, tq, tk)
+            if self.check_rows:
+                check_rows(allowed)
 
         # Beams sharing one source: fold each sentence's beams into extra query rows.
         group = b // bk

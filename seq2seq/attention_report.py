@@ -12,7 +12,9 @@ The per-step distributions come from one teacher-forced pass over the produced o
 the decoder is causal, so step n of that pass sees exactly the prefix the search saw when
 it chose token n. They are the model's own distributions (PAD and BOS, which the search
 never outputs, at 0); with EOS banned the search chose from them with EOS removed, and
-P(EOS) shows what the ban overrode.
+P(EOS) shows what the ban overrode. That pass decodes apart from the search, in one call
+rather than step by step, so the two agree up to rounding; ``tests/test_bf16_paths.py``
+pins them together under bf16, where rounding is coarsest.
 
 Rows are target subwords (queries, the EOS step included when the output stopped at EOS),
 columns source subwords (keys, EOS included); with ``words`` both are merged into words
@@ -157,7 +159,8 @@ def sentence_records(
     decode = translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
     refs = references or [None] * len(sentences)
     records = [_record(translator, s, r, decode) for s, r in zip(sentences, refs, strict=True)]
-    return [_to_words(r) for r in records] if words else records
+    specials = translator.tokenizer.special_pieces
+    return [_to_words(r, specials) for r in records] if words else records
 
 
 def _record(
@@ -267,21 +270,21 @@ def _hypothesis(tok, hyp: Hypothesis, chosen: bool) -> dict:
     }
 
 
-def _to_words(record: dict) -> dict:
+def _to_words(record: dict, specials: frozenset[str]) -> dict:
     """The record with word-level maps (``seq2seq.words``). Decoding steps stay subwords:
     ``step_rows[n]`` is the word row step n belongs to, ``step_weights`` (L, H, Tq, Wk) the
     rows each step used with the source merged into words."""
     src, tgt, w = record["src_tokens"], record["tgt_tokens"], record["weights"]
-    merged = words.merge_words(w, src, tgt)  # (L, H, Wq, Wk)
+    merged = words.merge_words(w, src, tgt, specials)  # (L, H, Wq, Wk)
     return {
         **record,
-        "src_tokens": words.words_of(src),
-        "tgt_tokens": words.words_of(tgt),
+        "src_tokens": words.words_of(src, specials),
+        "tgt_tokens": words.words_of(tgt, specials),
         "shape": list(merged.shape),
         "weights": merged,
         "word_level": words.WORDS_NOTE,
-        "step_rows": words.word_index(tgt),
-        "step_weights": words.merge_source(w, src),
+        "step_rows": words.word_index(tgt, specials),
+        "step_weights": words.merge_source(w, src, specials),
     }
 
 

@@ -1,5 +1,9 @@
 """Embeddings, sinusoidal positions, feed-forward, and the pre-norm encoder/decoder layers.
 
+The layers' attention trusts the rows of its masks (``check_rows=False``): ``Seq2Seq.encode``
+checks the source padding mask once per batch, and a causal mask always allows a query's own
+position, so no attention call reads a mask on the host.
+
 Letters: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` d_model, ``V`` vocabulary.
 """
 
@@ -74,7 +78,7 @@ class EncoderLayer(nn.Module):
         c = config
         self.self_attn_norm = nn.LayerNorm(c.d_model)
         self.self_attn = MultiHeadAttention(
-            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout
+            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, check_rows=False
         )
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
@@ -98,11 +102,16 @@ class DecoderLayer(nn.Module):
         c = config
         self.self_attn_norm = nn.LayerNorm(c.d_model)
         self.self_attn = MultiHeadAttention(
-            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, d_latent=c.d_latent
+            c.d_model,
+            c.n_heads,
+            c.n_kv_heads,
+            dropout=c.attn_dropout,
+            d_latent=c.d_latent,
+            check_rows=False,
         )
         self.cross_attn_norm = nn.LayerNorm(c.d_model)
         self.cross_attn = MultiHeadAttention(
-            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout
+            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, check_rows=False
         )
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)

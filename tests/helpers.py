@@ -41,6 +41,7 @@ def train_sample_run(
     max_positions: int = 64,
     max_len: int = 30,
     max_epochs: int = 100,
+    precision: str = "fp32",
 ) -> Path:
     """A d_model 32 model trained on data/sample into ``run``, unless one is there already."""
     if not (run / "model.safetensors").is_file():
@@ -63,7 +64,7 @@ def train_sample_run(
                 lr=lr,
                 attention_sentences=0,
                 threads=1,
-                precision="fp32",
+                precision=precision,
                 device="cpu",
             ),
         )

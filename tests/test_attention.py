@@ -28,7 +28,7 @@ def test_output_follows_the_queries(g, tq, tk):
 
 @pytest.mark.parametrize("g", KV_HEADS)
 @pytest.mark.parametrize("mask_kind", [None, "2d", "4d", "padding"])
-def test_fast_path_equals_explicit_path(g, mask_kind):
+def test_weights_leave_the_output_as_the_fast_path_computes_it(g, mask_kind):
     attn = make(g)
     b, tq, tk = 3, 5, 7
     q, kv = torch.randn(b, tq, D), torch.randn(b, tk, D)
@@ -44,9 +44,26 @@ def test_fast_path_equals_explicit_path(g, mask_kind):
     fast, none = attn(q, kv, kv, allowed)
     slow, weights = attn(q, kv, kv, allowed, need_weights=True)
     assert none is None
-    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+    assert torch.equal(fast, slow)  # not one bit: under bf16 a last bit can change a token
     if allowed is not None:
         assert (weights.masked_select(~allowed.expand_as(weights)) == 0).all()
+    # The weights are those the output was computed with.
+    vh = attn.v_proj(kv).view(b, tk, g, D // H).transpose(1, 2)  # (B, G, Tk, Dh)
+    mixed = weights @ vh.repeat_interleave(H // g, dim=1)  # (B, H, Tq, Dh)
+    expected = attn.out_proj(mixed.transpose(1, 2).reshape(b, tq, D))
+    torch.testing.assert_close(slow, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+def test_under_bf16_autocast_asking_for_weights_never_changes_the_output(g):
+    attn = make(g)
+    q, kv = torch.randn(3, 5, D), torch.randn(3, 7, D)
+    padding = (torch.arange(7) < torch.tensor([7, 3, 1])[:, None])[:, None, None, :]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast, _ = attn(q, kv, kv, padding)
+        slow, weights = attn(q, kv, kv, padding, need_weights=True)
+    assert fast.dtype == torch.bfloat16 and weights.dtype == torch.float32
+    assert torch.equal(fast, slow)
 
 
 def test_gqa_with_g_equal_h_is_mha_with_the_same_weights():
@@ -182,6 +199,35 @@ def test_a_query_row_without_an_allowed_key_is_an_error(allowed):
         check_rows(allowed)
     allowed[..., 0] = True
     check_rows(allowed)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("shared_cache", [False, True])
+def test_the_module_on_its_own_refuses_a_query_row_without_an_allowed_key(
+    need_weights, shared_cache
+):
+    attn = MultiHeadAttention(16, 4)
+    q, k = torch.randn(4, 3, 16), torch.randn(2, 5, 16)  # 2 sentences, 2 beams each
+    allowed = torch.tensor([[True] * 5, [False] * 5])[:, None, None, :]  # sentence 2: padding
+    if not shared_cache:
+        k, allowed = k.repeat_interleave(2, 0), allowed.repeat_interleave(2, 0)
+    cache = AttentionCache(static=True) if shared_cache else None
+    with pytest.raises(ValueError, match="at least one allowed key"):
+        attn(q, k, k, allowed, need_weights=need_weights, cache=cache)
+    allowed[..., 0] = True
+    if shared_cache:
+        cache = AttentionCache(static=True)
+    out, _ = attn(q, k, k, allowed, need_weights=need_weights, cache=cache)
+    assert out.shape == (4, 3, 16)
+
+
+def test_a_caller_that_checked_its_masks_can_skip_the_check():
+    trusting = MultiHeadAttention(16, 4, check_rows=False)
+    q, k = torch.randn(1, 3, 16), torch.randn(1, 5, 16)
+    allowed = torch.ones(3, 5, dtype=torch.bool)
+    allowed[2] = False
+    out, _ = trusting(q, k, k, allowed)
+    assert out.shape == (1, 3, 16) and torch.isfinite(out[:, :2]).all()
 
 
 @pytest.mark.parametrize(

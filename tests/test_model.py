@@ -6,7 +6,9 @@ import torch.nn.functional as F
 from helpers import V
 from helpers import tiny_model as tiny
 
+from seq2seq.config import DecodeConfig
 from seq2seq.model import padding_mask
+from seq2seq.search import translate_batch
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -135,6 +137,27 @@ def test_mask_is_checked_once_per_batch_not_per_layer_or_step(host_reads):
         model.decode(tgt[:, i : i + 1], memory, mask, cache=cache, need_weights=i % 2 == 0)
     model.decode(tgt, memory, mask)  # causal mask, whole prefix
     assert len(host_reads) == 1
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_search_steps_read_nothing_on_the_host(host_reads, monkeypatch, beam):
+    """Greedy and beam search: the decoder's steps never read a tensor's values on the host
+    (the model checked the source mask once, in encode)."""
+    model = tiny()
+    src = tokens(2, 6)
+    src[1, 4:] = PAD_ID
+    reads_per_step = []
+
+    def counted(*args, _decode=model.decode, **kwargs):
+        before = len(host_reads)
+        out = _decode(*args, **kwargs)
+        reads_per_step.append(len(host_reads) - before)
+        return out
+
+    monkeypatch.setattr(model, "decode", counted)
+    decode = DecodeConfig(beam=beam, max_len_a=0.0, max_len_b=6, ban_eos=True)
+    translate_batch(model, src, decode, need_weights=True)
+    assert reads_per_step == [0] * 6
 
 
 def test_a_source_of_only_padding_is_an_error():
