@@ -110,6 +110,24 @@ class TrainConfig:
     keep_last: int = 5
     average_last: int = 5
 
+    def budgets(self) -> str:
+        """The budgets in force, and where the learning rate cools down: a run's first line."""
+        t = self
+        if t.max_time:
+            limit = f"{t.max_time:g} minutes of training"
+        elif t.max_steps:
+            limit = f"{t.max_steps} steps"
+        else:
+            limit = "no time or step limit"
+        if t.cooldown and (t.max_time or t.max_steps):
+            cool = f"; the learning rate cools down to zero over its last {t.cooldown:.0%}"
+        else:
+            cool = "; no cool-down"
+        also = [f"at most {t.max_epochs} epochs", f"patience {t.patience} validations"]
+        if t.max_time and t.max_steps:
+            also.insert(0, f"at most {t.max_steps} steps")
+        return f"budget: {limit}{cool}; " + ", ".join(also)
+
 
 @dataclass
 class DecodeConfig:

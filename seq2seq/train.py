@@ -179,7 +179,7 @@ class Trainer:
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self.resumed = resume
         self.say(self.describe(resume))
-        self.say(self.budgets())
+        self.say(config.train.budgets())
 
     def describe(self, resume: bool) -> str:
         summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
@@ -198,24 +198,6 @@ class Trainer:
     def batches_per_step(self) -> int:
         """Every process takes ``accum_steps`` batches of ``data.max_tokens`` a step."""
         return self.runtime.world * self.config.train.accum_steps
-
-    def budgets(self) -> str:
-        """The budgets in force, and where the learning rate cools down."""
-        t = self.config.train
-        if t.max_time:
-            limit = f"{t.max_time:g} minutes of training"
-        elif t.max_steps:
-            limit = f"{t.max_steps} steps"
-        else:
-            limit = "no time or step limit"
-        if t.cooldown and (t.max_time or t.max_steps):
-            cool = f"; the learning rate cools down to zero over its last {t.cooldown:.0%}"
-        else:
-            cool = "; no cool-down"
-        also = [f"at most {t.max_epochs} epochs", f"patience {t.patience} validations"]
-        if t.max_time and t.max_steps:
-            also.insert(0, f"at most {t.max_steps} steps")
-        return f"budget: {limit}{cool}; " + ", ".join(also)
 
     # -- the loop ------------------------------------------------------------------------
 
