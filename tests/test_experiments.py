@@ -168,3 +168,21 @@ def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_pa
     ours = record["results"][0]
     assert f"| seq2seq | {ours['tokens_per_s']:,.0f} |" in speed
     assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed
+
+
+def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path):
+    out = tmp_path / "feed.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_feed.py"), "--quick", "--threads", "1"]
+        + ["--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert len(record["ratios"]) == record["rounds"] == 2
+    assert set(record["ms_per_step"]) == {"prefetch 0", "prefetch 2"}
+    assert all(ms > 0 for ms in record["ms_per_step"].values())
+    assert f"{record['ratio_prefetch_2_over_0']:.3f} (median ratio)" in done.stdout
