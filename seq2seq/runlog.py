@@ -77,6 +77,9 @@ def _logged_step(line: str) -> float:
         return math.inf
 
 
+BF16_FLAGS = {"amx_bf16", "amx_tile", "avx512_bf16"}
+
+
 def machine() -> dict[str, Any]:
     """Versions, git commit, CPU model and torch threads: what a number was measured on
     (every run's ``environment.json``, and the benchmarks' JSON)."""
@@ -96,16 +99,19 @@ def machine() -> dict[str, Any]:
             ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
         )
         commit = done.stdout.strip() or None if done.returncode == 0 else None
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]  # the first processor
+        info = {
+            k.strip(): v.strip() for k, _, v in (ln.partition(":") for ln in first.splitlines())
+        }
+        cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
     return {
         "versions": versions,
         "git_commit": commit,
         "cpu": cpu,
+        # what bf16 speed depends on: AMX tiles, AVX512-BF16, or neither (emulated)
+        "cpu_bf16_flags": sorted(flags & BF16_FLAGS),
         "threads": torch.get_num_threads(),
     }
 

@@ -579,6 +579,9 @@ def test_train_log_and_environment_record_the_run(tmp_path):
         )
         assert environment["threads"] >= 1 and environment["cpu"]
         assert environment["git_commit"] is None or len(environment["git_commit"]) == 40
+        # the flags a bf16 figure depends on, read from /proc/cpuinfo; torch reads them apart
+        has_avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        assert ("avx512_bf16" in environment["cpu_bf16_flags"]) == has_avx512_bf16
 
 
 @pytest.mark.parametrize(
