@@ -268,7 +268,8 @@ def _run_average(args: argparse.Namespace) -> int:
 
     out, chosen = average_run(args.run_dir, args.last, args.output)
     steps = ", ".join(p.stem.removeprefix("step_") for p in chosen)
-    print(f"averaged {len(chosen)} checkpoints (steps {steps}) into {out}")
+    noun = "checkpoint" if len(chosen) == 1 else "checkpoints"
+    print(f"averaged {len(chosen)} {noun} (steps {steps}) into {out}")
     return 0
 
 

@@ -6,9 +6,9 @@ stops with one line. ``false`` trains eagerly. ``auto`` compiles only on device 
 where ``experiments/bench_train.py --compile`` measured the compiled step faster than the
 eager one; a failure then falls back to eager with a note.
 
-The measurements so far (README, "Training speed"): on a 2-core Xeon with bf16, every
-compiled set-up (whole model, per layer, max-autotune, length buckets) was slower than
-eager, 0.77x at best on 1 thread and 0.91x on 2, so ``auto`` is eager on CPU. CUDA and MPS
+On CPU every compiled set-up measured (whole model, per layer, max-autotune, length
+buckets; ``bench_train.py --compile --json`` records them, docs/results.md renders the
+records) was slower than eager, so ``auto`` is eager on CPU. CUDA and MPS
 are not measured (no GPU here), so ``auto`` is eager there too until a measurement says
 otherwise: then add the device type to ``COMPILE_WINS``, with its numbers here.
 """

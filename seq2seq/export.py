@@ -10,8 +10,10 @@ Grouped-query / multi-query attention (``n_kv_heads``) and MLA (``d_latent``) ar
 ``translate_batch``: the same tokenization, truncation, output formats and stop rule. Each
 sentence stops at EOS or at ``max_output_length(S)`` output tokens, ``S`` = source subwords
 including the EOS appended here (as ``collate`` does); sentences are grouped by that limit
-because CTranslate2 takes one ``max_decoding_length`` per call. CTranslate2's beam search
-ranks by the same GNMT length penalty, ``((5 + len) / 6) ** alpha`` with EOS counted.
+because CTranslate2 takes one ``max_decoding_length`` per call. The beam search is
+CTranslate2's own, on raw log-probability sums (its length penalty off); the beams it
+finishes are then re-ranked here by our GNMT penalty, ``((5 + len) / 6) ** alpha`` with EOS
+counted, so beam outputs can differ from ours where the two searches keep other beams.
 Cross-attention weights are not returned (``attention`` is None).
 
 Letters: ``D`` d_model, ``V`` vocabulary.
