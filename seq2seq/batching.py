@@ -40,13 +40,15 @@ class TokenBatchSampler:
             )
         if max_tokens < 1:
             raise Seq2SeqError(f"max_tokens must be positive, got {max_tokens}")
-        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)
-        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int32)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int32)
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
 
-    def batches(self, epoch: int) -> list[list[int]]:
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches, each an array of pair indices (views of one index array:
+        at millions of pairs, lists of Python ints would take several times the memory)."""
         rng = np.random.default_rng([self.seed, epoch])
         order = (
             rng.permutation(len(self.src_lengths))
@@ -56,19 +58,12 @@ class TokenBatchSampler:
         # Stable sort by the longer side (what the bound is on), then source, then target
         # length: the shuffle above only breaks ties. Padding on Multi30k: 4%.
         src, tgt = self.src_lengths[order], self.tgt_lengths[order]
-        order = order[np.lexsort((tgt, src, np.maximum(src, tgt)))]
-        batches: list[list[int]] = []
-        batch: list[int] = []
-        s_max = t_max = 0
-        for i in order.tolist():
-            s, t = max(s_max, self.src_lengths[i]), max(t_max, self.tgt_lengths[i])
-            if batch and (len(batch) + 1) * max(s, t) > self.max_tokens:
-                batches.append(batch)
-                batch, s, t = [], self.src_lengths[i], self.tgt_lengths[i]
-            batch.append(i)
-            s_max, t_max = s, t
-        if batch:
-            batches.append(batch)
+        longer = np.maximum(src, tgt)
+        sort = np.lexsort((tgt, src, longer))
+        order = order[sort]
+        batches = (
+            np.split(order, _batch_bounds(longer[sort], self.max_tokens)) if len(order) else []
+        )
         if self.shuffle:
             rng.shuffle(batches)
         return batches
@@ -81,6 +76,24 @@ class TokenBatchSampler:
             slots += len(batch) * (int(s.max()) + int(t.max()))
             real += int(s.sum()) + int(t.sum())
         return 1.0 - real / slots if slots else 0.0
+
+
+def _batch_bounds(longer: np.ndarray, max_tokens: int) -> list[int]:
+    """Where batches end in pairs sorted by their longer side (``longer``, ascending): a
+    batch grows while ``(size + 1) * longer <= max_tokens``, the newest pair being the
+    longest so far; a pair longer than ``max_tokens`` gets a batch of its own. One pass
+    over the distinct lengths, not over the pairs."""
+    bounds, size, end = [], 0, 0
+    values, counts = np.unique(longer, return_counts=True)
+    for length, count in zip(values.tolist(), counts.tolist(), strict=True):
+        room = max(1, max_tokens // length)  # pairs of this length a batch holds
+        while count:
+            if size >= room:  # the open batch is full at this length: close it
+                bounds.append(end)
+                size = 0
+            take = min(count, room - size)
+            size, end, count = size + take, end + take, count - take
+    return bounds
 
 
 def batches_of(

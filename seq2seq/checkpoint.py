@@ -56,7 +56,7 @@ RUN_FILES = (
 # `seq2seq evaluate`'s hypotheses and scores; `seq2seq average -o NAME.safetensors`, kept in
 # the run because a weights file loads with its run's config and tokenizer: never the new run's.
 RUN_GLOBS = ("hyps.*", "*.safetensors")
-RUN_DIRS = ("attention", "tensorboard", KEPT_DIR)
+RUN_DIRS = ("attention", "tensorboard", "data", KEPT_DIR)  # data: the tokenized corpus
 # What a resumed run may take from its command line (budgets, stopping, logging, hardware);
 # the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
 RESUME_BUDGETS = (

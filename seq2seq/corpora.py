@@ -6,20 +6,29 @@ Multi30k layout), a TSV file or folder of TSV files, a local folder of JSON-line
 files with the Hub's schema, or a Hugging Face Hub id (``owner/name``). Every problem with
 the data is a one-line ``Seq2SeqError`` or a counted skip. Also here: pairs to subword ids,
 and the corpus report of ``seq2seq data``.
+
+Files are read a line at a time, never whole: ``open_corpus`` keeps validation and test as
+lists but only counts the training pairs, which ``Corpus.train`` reads again at each
+iteration, so a corpus of millions of pairs is never in memory (``load_corpus`` lists them
+too, for the small corpora and the commands that want lists).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
+import itertools
 import math
 import os
 import random
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable
+import zlib
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -46,10 +55,57 @@ CACHE_DIR = Path(os.environ.get("SEQ2SEQ_CACHE", _DEFAULT_CACHE))
 _VALIDATION_NAMES = ("validation", "valid", "val", "dev")  # in order of preference
 _DATASETS_SUFFIXES = (".jsonl", ".json", ".parquet")
 _CARVE_SEED = 0  # carving is a property of the corpus, not of a run's seed
+_SAMPLE_SEED = 0  # so is a sample of its training pairs
+_DATASETS_BATCH = 10_000  # rows of an Arrow table turned into Python strings at once
 _HUB_TIMEOUT_S = 3.0
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
-SplitReader = Callable[[], list[tuple[str, str]]]
+
+@dataclass(frozen=True)
+class SplitReader:
+    """One split of a source: ``read()`` gives its raw pairs afresh at every call, one at a
+    time; ``files`` are the files they come from."""
+
+    read: Callable[[], Iterator[tuple[str, str]]]
+    files: tuple[Path, ...]
+
+
+def _stripped(reader: SplitReader) -> Iterator[tuple[str, str]]:
+    return ((s.strip(), t.strip()) for s, t in reader.read())
+
+
+def _nonempty(reader: SplitReader) -> Iterator[tuple[str, str]]:
+    return ((s, t) for s, t in _stripped(reader) if s and t)
+
+
+class TrainPairs:
+    """The training pairs of a corpus, read from its files at every iteration, never held:
+    stripped, empty pairs skipped, the pairs carved off for validation and test left out."""
+
+    def __init__(self, reader: SplitReader, n_nonempty: int, carved: frozenset[int]) -> None:
+        self.reader = reader
+        self.n_nonempty = n_nonempty  # counted by open_corpus; carved positions count among them
+        self.carved = carved
+
+    def __len__(self) -> int:
+        return self.n_nonempty - len(self.carved)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for k, pair in enumerate(_nonempty(self.reader)):
+            if k not in self.carved:
+                yield pair
+
+    def sample(self, size: int) -> list[tuple[str, str]]:
+        """``size`` pairs chosen uniformly, the same ones every time (seeded reservoir
+        sampling, one reading), in corpus order; every pair when there are no more."""
+        rng = random.Random(_SAMPLE_SEED)
+        chosen: list[tuple[int, tuple[str, str]]] = []
+        for k, pair in enumerate(self):
+            if k < size:
+                chosen.append((k, pair))
+            elif (j := rng.randrange(k + 1)) < size:
+                chosen[j] = (k, pair)
+        return [pair for _, pair in sorted(chosen)]
 
 
 @dataclass
@@ -58,6 +114,9 @@ class Corpus:
     dropped: dict[str, dict[str, int]]  # split -> reason -> count
     source_description: str
     notes: list[str] = field(default_factory=list)
+    train: TrainPairs | None = None  # the training pairs, streamed (``splits`` holds them
+    # as a list only from ``load_corpus``)
+    identity: list[list] = field(default_factory=list)  # see corpus_identity
 
     def count_dropped(self, split: str, reason: str, n: int) -> None:
         if n:
@@ -87,30 +146,39 @@ def _check_languages(held: list[str], src: str, tgt: str, description: str) -> N
             )
 
 
-@lru_cache(maxsize=16)
-def _read_lines_cached(path: Path, mtime_ns: int, size: int) -> tuple[str, ...]:
-    raw = path.read_bytes()
-    if path.suffix == ".gz":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError):
-            raise Seq2SeqError(f"{path} is not a valid gzip file") from None
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a plain or gzipped UTF-8 file, one at a time, without their line ends."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise Seq2SeqError(f"{path}: invalid UTF-8 on line {line}") from None
-    # split("\n"), not splitlines(): U+2028 and friends inside a sentence must not break alignment.
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return tuple(line.rstrip("\r") for line in lines)
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            # Binary lines end at "\n" only: a lone "\r" or U+2028 inside a sentence must not
+            # break alignment, as universal-newline or splitlines() reading would.
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise Seq2SeqError(f"{path}: invalid UTF-8 on line {number}") from None
+                yield line.removesuffix("\n").rstrip("\r")
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        raise Seq2SeqError(f"{path} is not a valid gzip file") from None
+    except OSError as e:
+        raise Seq2SeqError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _read_lines(path: Path) -> tuple[str, ...]:
-    """The lines of a plain or gzipped UTF-8 file, cached while the file is unchanged."""
-    stat = path.stat()
-    return _read_lines_cached(path.resolve(), stat.st_mtime_ns, stat.st_size)
+def _head(path: Path) -> tuple[str, ...]:
+    """The first line of a file (what ``tsv_layout`` reads), or () when it has none."""
+    with contextlib.closing(_lines(path)) as lines:
+        return tuple(itertools.islice(lines, 1))
+
+
+def _aligned(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
+    """The pairs of two line-aligned files; a one-line error when their lengths differ."""
+    pairs = itertools.zip_longest(_lines(src_path), _lines(tgt_path))
+    for n, (s, t) in enumerate(pairs):
+        if s is None or t is None:  # one file ended after n lines: count the rest of the other
+            rest = 1 + sum(1 for _ in pairs)
+            n_src, n_tgt = (n + rest, n) if t is None else (n, n + rest)
+            raise Seq2SeqError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}")
+        yield s, t
 
 
 def _parallel_files(folder: Path) -> dict[str, dict[str, Path]]:
@@ -131,28 +199,21 @@ def _read_parallel_folder(folder: Path, src: str, tgt: str) -> tuple[str, dict[s
         sorted({lang for langs in files.values() for lang in langs}), src, tgt, description
     )
 
-    def reader(src_path: Path, tgt_path: Path) -> SplitReader:
-        def read() -> list[tuple[str, str]]:
-            src_lines, tgt_lines = _read_lines(src_path), _read_lines(tgt_path)
-            if len(src_lines) != len(tgt_lines):
-                raise Seq2SeqError(
-                    f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}"
-                )
-            return list(zip(src_lines, tgt_lines, strict=True))
-
-        return read
-
     readers = {
-        split: reader(langs[src], langs[tgt])
+        split: SplitReader(
+            functools.partial(_aligned, langs[src], langs[tgt]), (langs[src], langs[tgt])
+        )
         for split, langs in files.items()
         if src in langs and tgt in langs
     }
     return description, readers
 
 
-def _read_tsv(path: Path, src: str, tgt: str, columns: str | None) -> list[tuple[str, str]]:
-    lines = _read_lines(path)
-    return tsv_pairs(lines, path, tsv_layout(lines, path, src, tgt, columns))
+def _tsv_reader(path: Path, src: str, tgt: str, columns: str | None) -> SplitReader:
+    def read() -> Iterator[tuple[str, str]]:
+        return tsv_pairs(_lines(path), path, tsv_layout(_head(path), path, src, tgt, columns))
+
+    return SplitReader(read, (path,))
 
 
 def _read_tsv_source(
@@ -169,13 +230,11 @@ def _read_tsv_source(
         }
         description = f"TSV files in {path}"
     if "train" in files:  # its columns checked now, before any reading of the other splits
-        layout = tsv_layout(_read_lines(files["train"]), files["train"], src, tgt, columns)
+        layout = tsv_layout(_head(files["train"]), files["train"], src, tgt, columns)
         note = layout.note(files["train"], src, tgt)
         if note:
             notes.append(note)
-    return description, {
-        split: (lambda p=p: _read_tsv(p, src, tgt, columns)) for split, p in files.items()
-    }
+    return description, {split: _tsv_reader(p, src, tgt, columns) for split, p in files.items()}
 
 
 def _tsv_path(data: str) -> Path:
@@ -253,13 +312,18 @@ def _read_datasets(
     _check_languages(held, src, tgt, description)
 
     def reader(split: str) -> SplitReader:
-        def read() -> list[tuple[str, str]]:
-            table = loaded[split]
-            if nested:
-                return [(row[src] or "", row[tgt] or "") for row in table["translation"]]
-            return [(s or "", t or "") for s, t in zip(table[src], table[tgt], strict=True)]
+        table = loaded[split]
 
-        return read
+        def read() -> Iterator[tuple[str, str]]:
+            for batch in table.iter(batch_size=_DATASETS_BATCH):
+                if nested:
+                    rows = ((row[src], row[tgt]) for row in batch["translation"])
+                else:
+                    rows = zip(batch[src], batch[tgt], strict=True)
+                yield from ((s or "", t or "") for s, t in rows)
+
+        # The Arrow files datasets keeps the split in: they change when the data does.
+        return SplitReader(read, tuple(Path(f["filename"]) for f in table.cache_files))
 
     return description, {split: reader(split) for split in loaded}
 
@@ -363,27 +427,109 @@ def _choose_splits(names: list[str], test_split: str | None, description: str) -
     return chosen
 
 
-def _carve(corpus: Corpus, carve_valid: int, carve_test: int) -> None:
-    """Take missing validation/test splits off train, the same pairs every time."""
-    train = corpus.splits["train"]
+def _carve(corpus: Corpus, n: int, carve_valid: int, carve_test: int) -> dict[str, list[int]]:
+    """Which of the ``n`` training pairs make the missing validation/test splits, the same
+    pairs every time: split -> their positions among the non-empty training pairs."""
     wanted = {
-        s: n
-        for s, n in (("validation", carve_valid), ("test", carve_test))
+        s: k
+        for s, k in (("validation", carve_valid), ("test", carve_test))
         if s not in corpus.splits
     }
     if not wanted:
-        return
-    order = list(range(len(train)))
+        return {}
+    order = array("q", range(n))  # 8 bytes a pair, where a list of ints takes 36
     random.Random(_CARVE_SEED).shuffle(order)
-    taken = 0
-    for split, n in wanted.items():
-        n_taken = min(n, len(train) // 10)  # train keeps at least 80% of a small corpus
-        corpus.splits[split] = [train[i] for i in order[taken : taken + n_taken]]
+    carved, taken = {}, 0
+    for split, k in wanted.items():
+        n_taken = min(k, n // 10)  # train keeps at least 80% of a small corpus
+        carved[split] = order[taken : taken + n_taken].tolist()
         taken += n_taken
-        cap = f" ({n} asked; train had {len(train)} pairs)" if n_taken < n else ""
+        cap = f" ({k} asked; train had {n} pairs)" if n_taken < k else ""
         corpus.notes.append(f"carved {n_taken} {split} pairs off train{cap}")
-    kept = sorted(order[taken:])
-    corpus.splits["train"] = [train[i] for i in kept]
+    return carved
+
+
+def _count(reader: SplitReader) -> tuple[int, int]:
+    """The non-empty and the empty pairs of a split, counted in one reading."""
+    n = n_empty = 0
+    for s, t in _stripped(reader):
+        if s and t:
+            n += 1
+        else:
+            n_empty += 1
+    return n, n_empty
+
+
+def _carved_pairs(reader: SplitReader, carved: dict[str, list[int]]) -> dict[str, list]:
+    """The pairs at the ``carved`` positions of the training split, in their carved order."""
+    wanted = {k for positions in carved.values() for k in positions}
+    found = {}
+    for k, pair in enumerate(_nonempty(reader)):
+        if k in wanted:
+            found[k] = pair
+            if len(found) == len(wanted):
+                break
+    return {split: [found[k] for k in positions] for split, positions in carved.items()}
+
+
+def _identity(readers: Iterable[SplitReader]) -> list[list]:
+    files = sorted({path.resolve() for reader in readers for path in reader.files})
+    stats = {path: path.stat() for path in files}
+    return [[str(path), stat.st_size, stat.st_mtime_ns] for path, stat in stats.items()]
+
+
+def corpus_identity(
+    data: str, src: str, tgt: str, test_split: str | None = None, columns: str | None = None
+) -> list[list]:
+    """The files the corpus is read from, each as [path, size, mtime_ns], without reading
+    them (a TSV's first line aside): while they are unchanged, so is the corpus.
+
+    For Hub data the files are the Arrow files ``datasets`` keeps the splits in."""
+    description, readers = _read_source(data, src, tgt, columns, [])
+    chosen = _choose_splits(list(readers), test_split, description)
+    return _identity(readers[name] for name in chosen.values())
+
+
+def open_corpus(
+    data: str,
+    src: str,
+    tgt: str,
+    test_split: str | None = None,
+    carve_valid: int = 1000,
+    carve_test: int = 1000,
+    columns: str | None = None,
+) -> Corpus:
+    """The ``src``-``tgt`` pairs of validation and test as lists, and the training pairs as
+    ``Corpus.train``, which streams them; empty pairs dropped and counted.
+
+    The training split is read once here, to count its pairs (and find any error in its
+    files before anything is trained), and once more to carve validation/test off it when
+    the source has none. ``columns``: which columns of a TSV corpus hold ``src`` and ``tgt``
+    (``seq2seq.tsv``)."""
+    if src == tgt:
+        raise Seq2SeqError(f"--src and --tgt are both '{src}'; choose two languages")
+    notes: list[str] = []
+    description, readers = _read_source(data, src, tgt, columns, notes)
+    chosen = _choose_splits(list(readers), test_split, description)
+    identity = _identity(readers[name] for name in chosen.values())
+    corpus = Corpus({}, {}, f"{description}, {src}-{tgt}", notes, identity=identity)
+    n_train = 0
+    for split, name in chosen.items():
+        if split == "train":
+            n_train, n_empty = _count(readers[name])
+        else:
+            read = list(_stripped(readers[name]))
+            corpus.splits[split] = [(s, t) for s, t in read if s and t]
+            n_empty = len(read) - len(corpus.splits[split])
+        corpus.count_dropped(split, "empty", n_empty)
+        if name != split:
+            corpus.notes.append(f"{split} split is '{name}'")
+    carved = _carve(corpus, n_train, carve_valid, carve_test)
+    if carved:
+        corpus.splits.update(_carved_pairs(readers["train"], carved))
+    taken = frozenset(k for positions in carved.values() for k in positions)
+    corpus.train = TrainPairs(readers["train"], n_train, taken)
+    return corpus
 
 
 def load_corpus(
@@ -395,22 +541,10 @@ def load_corpus(
     carve_test: int = 1000,
     columns: str | None = None,
 ) -> Corpus:
-    """Read the ``src``-``tgt`` pairs of train, validation and test; drop and count empty pairs.
-
-    ``columns``: which columns of a TSV corpus hold ``src`` and ``tgt`` (``seq2seq.tsv``)."""
-    if src == tgt:
-        raise Seq2SeqError(f"--src and --tgt are both '{src}'; choose two languages")
-    notes: list[str] = []
-    description, readers = _read_source(data, src, tgt, columns, notes)
-    chosen = _choose_splits(list(readers), test_split, description)
-    corpus = Corpus({}, {}, f"{description}, {src}-{tgt}", notes)
-    for split, name in chosen.items():
-        pairs = [(s.strip(), t.strip()) for s, t in readers[name]()]
-        corpus.splits[split] = [(s, t) for s, t in pairs if s and t]
-        corpus.count_dropped(split, "empty", len(pairs) - len(corpus.splits[split]))
-        if name != split:
-            corpus.notes.append(f"{split} split is '{name}'")
-    _carve(corpus, carve_valid, carve_test)
+    """``open_corpus`` with the training pairs read into ``splits["train"]`` too: every
+    split a list, for a corpus that fits in memory."""
+    corpus = open_corpus(data, src, tgt, test_split, carve_valid, carve_test, columns)
+    corpus.splits = {"train": list(corpus.train), **corpus.splits}
     return corpus
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -164,10 +165,9 @@ class Trainer:
         self.forward, self.compile_errors = self.ddp, ()
         if wants_compile(t.compile, device):
             self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
-        src_lengths, tgt_lengths = self.data.train.src_lengths, self.data.train.tgt_lengths
-        self.tgt_tokens = tgt_lengths + 1  # per pair, EOS included: what the loss averages over
+        train_pairs = self.data.train  # lengths + 1: EOS (and BOS) included
         self.sampler = TokenBatchSampler(
-            src_lengths + 1, self.tgt_tokens, config.data.max_tokens, t.seed
+            train_pairs.src_lengths + 1, train_pairs.tgt_lengths + 1, config.data.max_tokens, t.seed
         )
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
@@ -279,7 +279,7 @@ class Trainer:
 
     # -- the steps -----------------------------------------------------------------------
 
-    def my_batches(self, group: list[list[int]]) -> list[tuple[Batch, float]]:
+    def my_batches(self, group: list[np.ndarray]) -> list[tuple[Batch, float]]:
         """This process's share of a step's ``group`` of batches, padded (pinned for a GPU),
         each with its loss weight: a process left without a batch at the end of an epoch
         takes part with the first one at weight 0, so that every process steps together."""
@@ -289,13 +289,14 @@ class Trainer:
         return [(collate(*self.data.train.pairs(idx)).pinned(pin), w) for idx, w in weighted]
 
     def train_step(
-        self, group: list[list[int]], mine: list[tuple[Batch, float]]
+        self, group: list[np.ndarray], mine: list[tuple[Batch, float]]
     ) -> tuple[float, int]:
         """One optimizer step over ``group`` (every process's batches, ``mine`` this one's);
         returns the mean loss per target token over the whole step (NaN for a step skipped
         for a non-finite loss or gradient) and its target token count."""
         t, runtime = self.config.train, self.runtime
-        n_total = int(sum(self.tgt_tokens[idx].sum() for idx in group))
+        # target tokens of the whole step, EOS included: what the loss averages over
+        n_total = int(sum(self.sampler.tgt_lengths[idx].sum() for idx in group))
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=runtime.device)
         for micro, (batch, weight) in enumerate(mine):
@@ -327,7 +328,7 @@ class Trainer:
         return mean_loss, n_total
 
     def uncompile(
-        self, error: BaseException, group: list[list[int]], mine: list[tuple[Batch, float]]
+        self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
     ) -> tuple[float, int]:
         """A compiled step failed to compile: with ``train.compile: true`` that ends the run
         in one line; with ``auto`` the run goes on eagerly, from this same step."""

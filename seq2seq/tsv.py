@@ -10,6 +10,7 @@ must have as many columns as the first: a tab inside a sentence would shift its 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,14 +74,15 @@ def tsv_layout(
     return TsvLayout(src_column, tgt_column, max(len(first), 2), header)
 
 
-def tsv_pairs(lines: tuple[str, ...], path: Path, layout: TsvLayout) -> list[tuple[str, str]]:
-    """The (source, target) pair of every line after the header; an empty line gives an
-    empty pair (counted later with the others)."""
+def tsv_pairs(lines: Iterable[str], path: Path, layout: TsvLayout) -> Iterator[tuple[str, str]]:
+    """The (source, target) pair of every line after the header, one line at a time (a file
+    larger than memory streams); an empty line gives an empty pair (counted later)."""
     n_header = 1 if layout.header else 0
-    pairs = []
-    for number, line in enumerate(lines[n_header:], start=n_header + 1):
+    for number, line in enumerate(lines, start=1):
+        if number <= n_header:
+            continue
         if not line.strip():
-            pairs.append(("", ""))
+            yield "", ""
             continue
         cells = line.split("\t")
         if len(cells) != layout.width:
@@ -88,5 +90,4 @@ def tsv_pairs(lines: tuple[str, ...], path: Path, layout: TsvLayout) -> list[tup
                 f"{path}: line {number} has {len(cells)} tab-separated columns, "
                 f"expected {layout.width}"
             )
-        pairs.append((cells[layout.src], cells[layout.tgt]))
-    return pairs
+        yield cells[layout.src], cells[layout.tgt]

@@ -3,8 +3,10 @@ import hashlib
 import itertools
 import json
 import time
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -218,10 +220,23 @@ def test_the_shipped_multi30k_files_are_the_published_ones():
 # --- Bad data ------------------------------------------------------------------------------
 
 
-def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
-    write_lines(tmp_path / "train.de.gz", ["a", "b", "c"])
-    write_lines(tmp_path / "train.en.gz", ["a", "b"])
-    with pytest.raises(Seq2SeqError, match=r"train\.de\.gz has 3 lines but .*train\.en\.gz has 2"):
+@pytest.mark.parametrize("n_de, n_en", [(3, 2), (2, 5)])
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path, n_de, n_en):
+    write_lines(tmp_path / "train.de.gz", ["a", "b", "c", "d", "e"][:n_de])
+    write_lines(tmp_path / "train.en.gz", ["a", "b", "c", "d", "e"][:n_en])
+    with pytest.raises(
+        Seq2SeqError, match=rf"train\.de\.gz has {n_de} lines but .*train\.en\.gz has {n_en}"
+    ):
+        load_corpus(str(tmp_path), "de", "en")
+
+
+@pytest.mark.parametrize(
+    "content", [b"not gzip at all\n", gzip.compress(b"eins\nzwei\n" * 500)[:-20]]
+)
+def test_a_broken_gzip_file_is_one_line(tmp_path, content):
+    (tmp_path / "train.de.gz").write_bytes(content)
+    write_lines(tmp_path / "train.en.gz", ["one", "two"])
+    with pytest.raises(Seq2SeqError, match=r"train\.de\.gz is not a valid gzip file"):
         load_corpus(str(tmp_path), "de", "en")
 
 
@@ -267,6 +282,64 @@ def test_line_separators_inside_a_sentence_keep_alignment(tmp_path):
     write_lines(tmp_path / "train.en", ["one two", "three"])
     corpus = load_corpus(str(tmp_path), "de", "en", carve_valid=0, carve_test=0)
     assert corpus.splits["train"][1] == ("drei", "three")
+
+
+def test_windows_line_ends_and_a_lone_carriage_return_keep_alignment(tmp_path):
+    write_lines(tmp_path / "train.de", ["eins\r", "zwei\rdrei\r", "vier\r"])
+    write_lines(tmp_path / "train.en", ["one", "two three", "four"])
+    corpus = load_corpus(str(tmp_path), "de", "en", carve_valid=0, carve_test=0)
+    assert corpus.splits["train"] == [
+        ("eins", "one"),
+        ("zwei\rdrei", "two three"),
+        ("vier", "four"),
+    ]
+
+
+# --- Big corpora: the training split streams -----------------------------------------------
+
+
+def big_tsv(folder: Path, n: int) -> Path:
+    rows = [
+        f"Satz Nummer {i} mit ein paar Wörtern\tsentence number {i} with words" for i in range(n)
+    ]
+    write_lines(folder / "big.tsv", ["de\ten", *rows])
+    return folder / "big.tsv"
+
+
+def big_parallel(folder: Path, n: int) -> Path:
+    write_parallel(folder, "train", pairs(n, "ein etwas längerer "), gz=True)
+    write_parallel(folder, "valid", pairs(5, "v"), gz=True)
+    write_parallel(folder, "test", pairs(5, "t"), gz=True)
+    return folder
+
+
+@pytest.mark.parametrize("make", [big_tsv, big_parallel], ids=["tsv", "parallel gz"])
+def test_the_training_split_streams_instead_of_being_held(tmp_path, make):
+    path = make(tmp_path, 40_000)
+    text = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    text = max(text, 40_000 * 50)  # the gzipped files' text is larger than the files
+    tracemalloc.start()
+    try:
+        corpus = data.open_corpus(str(path), "de", "en", carve_valid=10, carve_test=10)
+        n_read = sum(1 for _ in corpus.train)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n_read == len(corpus.train) == 40_000 - 20 * (make is big_tsv)
+    assert peak < text / 3, f"peak {peak:,} bytes traced while reading {text:,} of text"
+
+
+def test_a_sample_of_the_training_pairs_is_seeded_uniform_and_in_corpus_order(tmp_path):
+    write_parallel(tmp_path, "train", pairs(2000))
+    corpus = data.open_corpus(str(tmp_path), "de", "en", carve_valid=10, carve_test=10)
+    train = list(corpus.train)
+    sample = corpus.train.sample(100)
+    assert len(sample) == 100 and sample == corpus.train.sample(100)
+    where = {pair: k for k, pair in enumerate(train)}
+    positions = [where[pair] for pair in sample]
+    assert positions == sorted(set(positions))  # distinct training pairs, in corpus order
+    assert 1000 - 300 < sum(positions) / 100 < 1000 + 300  # from all of it, not its start
+    assert corpus.train.sample(len(train)) == train
 
 
 def test_tsv_row_with_wrong_column_count(tmp_path):
@@ -330,12 +403,16 @@ def test_batches_respect_the_bound_and_cover_every_pair_once(pair_lengths, max_t
 def test_same_seed_same_batches_and_epochs_differ():
     src = [5 + i % 17 for i in range(500)]
     tgt = [3 + i % 13 for i in range(500)]
+
+    def batches(sampler, epoch):
+        return [b.tolist() for b in sampler.batches(epoch)]
+
     sampler = TokenBatchSampler(src, tgt, 300, seed=7)
-    assert sampler.batches(0) == TokenBatchSampler(src, tgt, 300, seed=7).batches(0)
-    assert sampler.batches(0) != sampler.batches(1)
-    assert sampler.batches(0) != TokenBatchSampler(src, tgt, 300, seed=8).batches(0)
+    assert batches(sampler, 0) == batches(TokenBatchSampler(src, tgt, 300, seed=7), 0)
+    assert batches(sampler, 0) != batches(sampler, 1)
+    assert batches(sampler, 0) != batches(TokenBatchSampler(src, tgt, 300, seed=8), 0)
     unshuffled = TokenBatchSampler(src, tgt, 300, seed=7, shuffle=False)
-    assert unshuffled.batches(0) == unshuffled.batches(3)
+    assert batches(unshuffled, 0) == batches(unshuffled, 3)
 
 
 def test_pair_longer_than_the_bound_gets_its_own_batch():
@@ -403,3 +480,25 @@ def test_a_dataset_with_several_configurations_takes_one_by_name(tmp_path, monke
         load_corpus(str(folder), "de", "en")
     assert data._split_configuration("wmt/wmt14:de-en") == ("wmt/wmt14", "de-en")
     assert data._split_configuration("pairs.tsv") == ("pairs.tsv", None)
+
+
+def test_batches_follow_the_per_pair_rule_at_any_size():
+    # The rule written pair by pair: add the next pair (sorted by its longer side) unless the
+    # batch would then hold more than max_tokens per side, padding included.
+    def reference(src, tgt, max_tokens, order):
+        batches, batch, longest = [], [], 0
+        for i in order:
+            longest = max(longest, src[i], tgt[i])
+            if batch and (len(batch) + 1) * longest > max_tokens:
+                batches.append(batch)
+                batch, longest = [], max(src[i], tgt[i])
+            batch.append(i)
+        return batches + ([batch] if batch else [])
+
+    rng = np.random.default_rng(3)
+    for max_tokens in (7, 64, 300, 2048):
+        src, tgt = rng.integers(1, 90, 700), rng.integers(1, 90, 700)
+        sampler = TokenBatchSampler(src, tgt, max_tokens, seed=0, shuffle=False)
+        order = np.lexsort((tgt, src, np.maximum(src, tgt))).tolist()
+        got = [b.tolist() for b in sampler.batches(0)]
+        assert got == reference(src.tolist(), tgt.tolist(), max_tokens, order), max_tokens

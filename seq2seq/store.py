@@ -1,0 +1,162 @@
+"""Tokenized pairs on disk, memory-mapped: written once, then read by every start of a run.
+
+The layout is fairseq's: per side, the subword ids of all pairs end to end in one flat
+array (``src_ids.bin``: uint16 when the vocabulary has at most 65,536 pieces, else int32)
+and the offset where each pair starts (``src_offsets.bin``, int64, one more than there
+are pairs, so pair ``i`` is ``ids[offsets[i]:offsets[i + 1]]``). Both are raw arrays
+opened with ``numpy.memmap``: a batch reads only its own pairs' bytes, the page cache
+keeps what is hot, and every process that maps the same files (the ranks of ``torchrun``,
+a resumed run, data-loading workers) shares one copy in memory. Raw rather than ``.npy``:
+the number of ids is known only when the last pair is written, and an ``.npy`` header
+states its shape first; ``manifest.json`` says what the arrays hold instead.
+
+The arrays are written under temporary names and renamed into place when whole; the
+manifest is written after them, atomically, and a new store begins by removing the old
+manifest. So a directory whose manifest is missing, unreadable or disagrees with its
+arrays' sizes (a preparation interrupted at any moment) is never read: ``read_manifest``
+returns None for it, and the caller writes the store again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from seq2seq.fileio import atomic_path, atomic_write_text
+
+MANIFEST = "manifest.json"
+FORMAT = 1  # of the arrays and of the manifest's fields on them: a store of another is rebuilt
+SIDES = ("src", "tgt")
+
+
+def ids_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest array type that holds every id of a vocabulary of ``vocab_size``."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.int32)
+
+
+def _ids_file(side: str) -> str:
+    return f"{side}_ids.bin"
+
+
+def _offsets_file(side: str) -> str:
+    return f"{side}_offsets.bin"
+
+
+class PairWriter:
+    """Appends encoded pairs to the arrays of a new store (see ``write_pairs``)."""
+
+    def __init__(self, files: dict[str, BinaryIO], dtype: np.dtype) -> None:
+        self.files, self.dtype = files, dtype
+        self.n_pairs = 0
+        self.n_ids = dict.fromkeys(SIDES, 0)
+        for side in SIDES:  # every pair's start, the first one's included
+            files[_offsets_file(side)].write(np.zeros(1, np.int64).tobytes())
+
+    def append(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> None:
+        """Add pairs: the source and target ids of each (no BOS/EOS)."""
+        if len(src_ids) != len(tgt_ids):
+            raise ValueError(f"{len(src_ids)} sources but {len(tgt_ids)} targets")
+        for side, ids in zip(SIDES, (src_ids, tgt_ids), strict=True):
+            lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+            flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, int(lengths.sum()))
+            self.files[_ids_file(side)].write(flat.tobytes())
+            ends = self.n_ids[side] + np.cumsum(lengths)
+            self.files[_offsets_file(side)].write(ends.tobytes())
+            self.n_ids[side] += len(flat)
+        self.n_pairs += len(src_ids)
+
+    def description(self) -> dict[str, Any]:
+        """What the arrays hold: the manifest's fields that ``read_manifest`` checks."""
+        return {
+            "format": FORMAT,
+            "pairs": self.n_pairs,
+            "dtype": self.dtype.name,
+            "ids": self.n_ids,
+        }
+
+
+@contextlib.contextmanager
+def write_pairs(directory: Path, dtype: np.dtype) -> Iterator[PairWriter]:
+    """A writer of a new store in ``directory``, whose arrays appear (renamed from
+    temporary files) only when the block ends without an error. Whatever the directory
+    held goes first, its manifest before anything else; the caller writes the new
+    manifest (``write_manifest``) after the block."""
+    (directory / MANIFEST).unlink(missing_ok=True)
+    shutil.rmtree(directory, ignore_errors=True)  # arrays or temporaries of an earlier store
+    directory.mkdir(parents=True)
+    names = [name(side) for side in SIDES for name in (_ids_file, _offsets_file)]
+    with contextlib.ExitStack() as stack:
+        files = {}
+        for name in names:
+            tmp = stack.enter_context(atomic_path(directory / name))
+            files[name] = stack.enter_context(open(tmp, "wb"))  # closed before its rename
+        yield PairWriter(files, dtype)
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """Publish the store: the manifest, atomically, after its arrays."""
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest) + "\n")
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a whole store in ``directory``, or None: no manifest (never
+    written, or its writing interrupted), an unreadable one, another format, or arrays
+    whose sizes disagree with it."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+        if manifest.get("format") != FORMAT:
+            return None
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        expected = {_offsets_file(side): (manifest["pairs"] + 1) * 8 for side in SIDES}
+        expected.update({_ids_file(s): manifest["ids"][s] * itemsize for s in SIDES})
+        if any((directory / name).stat().st_size != size for name, size in expected.items()):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return manifest
+
+
+def _map(path: Path, dtype: np.dtype) -> np.ndarray:
+    # numpy cannot map an empty file, which is what a store of no pairs has for ids
+    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+
+class PairStore:
+    """The pairs of a store, memory-mapped: their lengths in memory, their ids on disk.
+
+    ``src_lengths``/``tgt_lengths``: int32 subword ids per pair, EOS not counted.
+    """
+
+    def __init__(self, directory: Path, dtype: str) -> None:
+        self.directory, self.dtype = Path(directory), np.dtype(dtype)
+        self._ids = {s: _map(self.directory / _ids_file(s), self.dtype) for s in SIDES}
+        self._offsets = {s: _map(self.directory / _offsets_file(s), np.int64) for s in SIDES}
+        # int32: half the memory of int64 at millions of pairs (no pair is 2^31 ids long)
+        self.src_lengths = np.diff(self._offsets["src"]).astype(np.int32)
+        self.tgt_lengths = np.diff(self._offsets["tgt"]).astype(np.int32)
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    def __reduce__(self) -> tuple:
+        # A worker process given the store maps the same files, rather than receiving a copy
+        # of the arrays (numpy pickles a memmap as its whole contents).
+        return PairStore, (self.directory, self.dtype.name)
+
+    def pairs(self, indices: Iterable[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The source and target ids (int64 arrays, no BOS/EOS) of the pairs at ``indices``."""
+        indices = np.fromiter(indices, np.int64)
+        src, tgt = (self._side(side, indices) for side in SIDES)
+        return src, tgt
+
+    def _side(self, side: str, indices: np.ndarray) -> list[np.ndarray]:
+        ids, offsets = self._ids[side], self._offsets[side]
+        starts, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
+        return [ids[a:b].astype(np.int64) for a, b in zip(starts, ends, strict=True)]

@@ -1,0 +1,269 @@
+"""The tokenized training split on disk (seq2seq.store) and the run's data made from it
+(seq2seq.prepare): what goes in comes out, nothing half-written is ever read, and a resumed
+run with an unchanged corpus reads none of it."""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seq2seq import prepare
+from seq2seq.config import Config, DataConfig, ModelConfig, config_to_dict
+from seq2seq.corpora import encode_pairs, load_corpus
+from seq2seq.prepare import DATA_DIR, prepare_data
+from seq2seq.runtime import Runtime
+from seq2seq.store import (
+    MANIFEST,
+    PairStore,
+    PairWriter,
+    ids_dtype,
+    read_manifest,
+    write_manifest,
+    write_pairs,
+)
+from seq2seq.tokenizer import Tokenizer
+
+# --- The store ----------------------------------------------------------------------------
+
+
+def random_pairs(n: int, vocab: int, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    rng = np.random.default_rng(seed)
+
+    def side() -> list[list[int]]:
+        return [rng.integers(0, vocab, rng.integers(1, 30)).tolist() for _ in range(n)]
+
+    return side(), side()
+
+
+def write_store(directory: Path, src, tgt, vocab: int, chunk: int = 7) -> None:
+    with write_pairs(directory, ids_dtype(vocab)) as writer:
+        for start in range(0, len(src), chunk):
+            writer.append(src[start : start + chunk], tgt[start : start + chunk])
+    write_manifest(directory, writer.description())
+
+
+@pytest.mark.parametrize(
+    "vocab, dtype", [(8000, np.uint16), (2**16, np.uint16), (70_000, np.int32)]
+)
+def test_a_store_gives_back_every_pair_it_was_given(tmp_path, vocab, dtype):
+    src, tgt = random_pairs(50, vocab)
+    write_store(tmp_path, src, tgt, vocab)
+    manifest = read_manifest(tmp_path)
+    assert manifest["pairs"] == 50 and np.dtype(manifest["dtype"]) == dtype
+    store = PairStore(tmp_path, manifest["dtype"])
+    assert len(store) == 50
+    assert store.src_lengths.dtype == np.int32
+    assert store.src_lengths.tolist() == [len(x) for x in src]
+    assert store.tgt_lengths.tolist() == [len(x) for x in tgt]
+    indices = [49, 0, 17, 17, 3]
+    got_src, got_tgt = store.pairs(indices)
+    assert [x.tolist() for x in got_src] == [src[i] for i in indices]
+    assert [x.tolist() for x in got_tgt] == [tgt[i] for i in indices]
+    assert all(x.dtype == np.int64 for x in got_src + got_tgt)
+
+
+def test_a_store_of_no_pairs_opens_empty(tmp_path):
+    write_store(tmp_path, [], [], 100)
+    store = PairStore(tmp_path, read_manifest(tmp_path)["dtype"])
+    assert len(store) == 0 and store.pairs([]) == ([], [])
+
+
+def test_an_error_mid_write_publishes_nothing_and_the_old_store_is_no_longer_trusted(tmp_path):
+    src, tgt = random_pairs(30, 100)
+    write_store(tmp_path, src, tgt, 100)
+    assert read_manifest(tmp_path) is not None
+    with pytest.raises(RuntimeError, match="interrupted"), write_pairs(tmp_path, np.uint16) as w:
+        w.append(src[:10], tgt[:10])
+        raise RuntimeError("interrupted")
+    assert read_manifest(tmp_path) is None
+    assert sorted(os.listdir(tmp_path)) == []  # no array, no temporary, no old manifest
+
+
+def tamper(name: str, how: str):
+    def apply(directory: Path) -> None:
+        path = directory / name
+        if how == "truncate":
+            os.truncate(path, path.stat().st_size - 2)
+        elif how == "delete":
+            path.unlink()
+        elif how == "garble":
+            path.write_text("{not json")
+        else:  # another format
+            manifest = json.loads(path.read_text())
+            path.write_text(json.dumps({**manifest, "format": manifest["format"] + 1}))
+
+    return apply
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        tamper("src_ids.bin", "truncate"),
+        tamper("tgt_offsets.bin", "truncate"),
+        tamper("tgt_ids.bin", "delete"),
+        tamper(MANIFEST, "delete"),
+        tamper(MANIFEST, "garble"),
+        tamper(MANIFEST, "format"),
+    ],
+    ids=["ids cut", "offsets cut", "ids gone", "no manifest", "bad manifest", "other format"],
+)
+def test_a_store_that_disagrees_with_its_manifest_is_not_trusted(tmp_path, damage):
+    write_store(tmp_path, *random_pairs(20, 100), 100)
+    damage(tmp_path)
+    assert read_manifest(tmp_path) is None
+
+
+def test_a_store_pickles_as_its_files_not_its_arrays(tmp_path):
+    src, tgt = random_pairs(2000, 8000)
+    write_store(tmp_path, src, tgt, 8000, chunk=500)
+    store = PairStore(tmp_path, read_manifest(tmp_path)["dtype"])
+    data = pickle.dumps(store)
+    assert len(data) < 1000  # the arrays are ~60 kB
+    copy = pickle.loads(data)
+    assert [x.tolist() for x in copy.pairs([5, 1999])[1]] == [tgt[5], tgt[1999]]
+
+
+def test_a_writer_refuses_sides_of_different_lengths(tmp_path):
+    with write_pairs(tmp_path, np.uint16) as writer:
+        assert isinstance(writer, PairWriter)
+        with pytest.raises(ValueError, match="2 sources but 1 targets"):
+            writer.append([[1], [2]], [[3]])
+
+
+# --- A run's data ---------------------------------------------------------------------------
+
+
+def tsv_corpus(path: Path, n: int, extra: str = "") -> Path:
+    rows = ["de\ten"]
+    for i in range(n):
+        if i % 50 == 7:
+            rows.append(" \t ")  # empty: dropped and counted
+        elif i % 10 == 3:
+            rows.append(" ".join(["Hund"] * 40) + f"\tdog {i}")  # too long for max_len
+        else:
+            rows.append(f"{extra}der Hund Nummer {i} läuft\t{extra}the dog number {i} runs")
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def config_for(data: Path) -> Config:
+    return Config(
+        data=DataConfig(data=str(data), vocab_size=200, max_len=30, carve_valid=30, carve_test=20),
+        model=ModelConfig(max_positions=32),
+    )
+
+
+def prepared_pairs(data) -> list:
+    return [[x.tolist() for x in side] for side in data.train.pairs(range(len(data.train)))]
+
+
+def test_the_store_holds_the_encoded_training_pairs_and_the_summary_counts_the_rest(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(prepare, "_ENCODE_CHUNK", 9)  # many chunks
+    config = config_for(tsv_corpus(tmp_path / "c.tsv", 400))
+    run = tmp_path / "run"
+    data = prepare_data(config, run, Runtime(), resume=False)
+    corpus = load_corpus(str(tmp_path / "c.tsv"), "de", "en", carve_valid=30, carve_test=20)
+    src, tgt, n_long = encode_pairs(corpus.splits["train"], data.tokenizer, 30)
+    assert prepared_pairs(data) == [src, tgt]
+    assert data.train.src_lengths.tolist() == [len(x) for x in src]
+    assert 0 < n_long <= 40  # the 40-word sources left in train
+    assert data.summary["pairs"] == {"train": len(src), "validation": 30, "test": 20}
+    assert data.summary["dropped"] == {"train": {"empty": 8, "longer than 30 subwords": n_long}}
+    assert data.valid_refs == [t for _, t in corpus.splits["validation"]]
+    assert data.valid_sources == [s for s, _ in corpus.splits["validation"]]
+    valid_src = encode_pairs(corpus.splits["validation"], data.tokenizer, None)[0]
+    assert data.valid_src == [ids[:31] for ids in valid_src]  # room for EOS in 32 positions
+    assert max(map(len, valid_src)) > 31  # a long pair was carved into validation
+
+
+def test_a_resume_with_the_corpus_unchanged_reads_no_corpus_and_trains_no_tokenizer(
+    tmp_path, monkeypatch
+):
+    config = config_for(tsv_corpus(tmp_path / "c.tsv", 300))
+    run = tmp_path / "run"
+    first = prepare_data(config, run, Runtime(), resume=False)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a resume with an unchanged corpus read it or trained a tokenizer")
+
+    monkeypatch.setattr(prepare, "open_corpus", forbidden)
+    monkeypatch.setattr(Tokenizer, "train", forbidden)
+    again = prepare_data(config, run, Runtime(), resume=True)
+    assert prepared_pairs(again) == prepared_pairs(first)
+    assert (again.valid_src, again.valid_tgt) == (first.valid_src, first.valid_tgt)
+    assert (again.valid_refs, again.valid_sources) == (first.valid_refs, first.valid_sources)
+    assert again.summary == first.summary
+
+
+def test_a_resume_after_the_corpus_changed_encodes_it_again_with_the_runs_tokenizer(
+    tmp_path, monkeypatch
+):
+    corpus = tsv_corpus(tmp_path / "c.tsv", 300)
+    run = tmp_path / "run"
+    first = prepare_data(config_for(corpus), run, Runtime(), resume=False)
+    spm = (run / "spm.model").read_bytes()
+    tsv_corpus(corpus, 350)
+    monkeypatch.setattr(Tokenizer, "train", lambda *a, **k: pytest.fail("tokenizer retrained"))
+    again = prepare_data(config_for(corpus), run, Runtime(), resume=True)
+    assert len(again.train) > len(first.train)
+    assert (run / "spm.model").read_bytes() == spm
+
+
+KILLED_PREPARATION = """
+import json, os, signal, sys
+from pathlib import Path
+from seq2seq import prepare, store
+from seq2seq.config import config_from_dict
+from seq2seq.runtime import Runtime
+
+prepare._ENCODE_CHUNK = 10
+append = store.PairWriter.append
+
+def append_then_die(self, src, tgt):
+    append(self, src, tgt)
+    if self.n_pairs >= 50:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+store.PairWriter.append = append_then_die
+config = config_from_dict(json.loads(sys.argv[1]))
+prepare.prepare_data(config, Path(sys.argv[2]), Runtime(), resume=False)
+"""
+
+
+def test_a_preparation_killed_mid_write_is_not_trusted_and_is_redone(tmp_path):
+    config = config_for(tsv_corpus(tmp_path / "c.tsv", 300))
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_PREPARATION, json.dumps(config_to_dict(config)), str(run)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -9, done.stderr[-2000:]
+    left = os.listdir(run / DATA_DIR)
+    assert left and MANIFEST not in left  # temporaries of the arrays, and no manifest
+    assert read_manifest(run / DATA_DIR) is None
+    resumed = prepare_data(config, run, Runtime(), resume=True)
+    whole = prepare_data(config, tmp_path / "whole", Runtime(), resume=False)
+    assert prepared_pairs(resumed) == prepared_pairs(whole)
+    assert not [name for name in os.listdir(run / DATA_DIR) if name.startswith(".")]
+
+
+def test_a_corpus_smaller_than_the_sample_trains_the_tokenizer_on_every_pair(tmp_path, monkeypatch):
+    prepare_data(Config(data=DataConfig(data="sample")), tmp_path / "run", Runtime(), False)
+    train = load_corpus("sample", "de", "en").splits["train"]
+    Tokenizer.train(
+        [s for s, _ in train], [t for _, t in train], tmp_path / "all", fit_to_corpus=True
+    )
+    spm = (tmp_path / "run" / "spm.model").read_bytes()
+    assert spm == (tmp_path / "all" / "spm.model").read_bytes()
+    monkeypatch.setattr(prepare, "TOKENIZER_SAMPLE", 20)  # fewer than sample's 40 pairs
+    prepare_data(Config(data=DataConfig(data="sample")), tmp_path / "run20", Runtime(), False)
+    assert (tmp_path / "run20" / "spm.model").read_bytes() != spm
