@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -62,11 +63,16 @@ def test_cli_evaluate_prints_signatures_and_writes_hypotheses(run_dir, test_pair
     assert scores["bleu_lc_norm_tok_signature"] == signatures[3].removeprefix("signature ")
     assert 0 <= scores["bleu_lc_norm_tok"] <= 100
     assert scores["length_ratio"] == pytest.approx(scores["sys_len"] / scores["ref_len"], abs=1e-4)
-    # a beam search writes beside greedy's files, not over them
-    assert main(["evaluate", str(run_dir), "--device", "cpu", "--beam", "2"]) == 0
-    beam = json.loads((run_dir / "hyps.test.en.beam2.json").read_text(encoding="utf-8"))
-    assert beam["search"]["beam"] == 2 and (run_dir / "hyps.test.en.beam2.txt").is_file()
-    assert json.loads((run_dir / "hyps.test.en.json").read_text())["search"]["beam"] == 1
+
+
+def test_a_beam_search_writes_beside_greedy_not_over_it(run_dir, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)  # the session's run stays as other tests expect it
+    assert main(["evaluate", str(run), "--device", "cpu"]) == 0
+    assert main(["evaluate", str(run), "--device", "cpu", "--beam", "2"]) == 0
+    beam = json.loads((run / "hyps.test.en.beam2.json").read_text(encoding="utf-8"))
+    assert beam["search"]["beam"] == 2 and (run / "hyps.test.en.beam2.txt").is_file()
+    assert json.loads((run / "hyps.test.en.json").read_text())["search"]["beam"] == 1
 
 
 def test_evaluate_split_library(run_dir, test_pairs, tmp_path):
