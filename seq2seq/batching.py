@@ -156,7 +156,8 @@ def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]] |
         return Batch(src)
     tgt_in = _pad(tgt_ids, BOS_ID, None)  # (B, T): BOS + ids
     tgt_out = _pad(tgt_ids, None, EOS_ID)  # (B, T): ids + EOS
-    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
+    n_tokens = sum(len(ids) + 1 for ids in tgt_ids)  # non-pad positions of tgt_out
+    return Batch(src, tgt_in, tgt_out, n_tokens)
 
 
 class Prefetcher:

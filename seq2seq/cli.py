@@ -196,6 +196,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _run_train(args: argparse.Namespace) -> int:
     from seq2seq import checkpoint
     from seq2seq.config import config_from_dict, given_values
+    from seq2seq.runtime import leave_process_group
     from seq2seq.train import say, train
 
     flags = {
@@ -226,6 +227,7 @@ def _run_train(args: argparse.Namespace) -> int:
         tensorboard=args.tensorboard,
         progress=not args.no_progress,
     )
+    leave_process_group()  # under torchrun: every rank leaves together, then exits
     return 0 if state["best_bleu"] >= 0 or state["stop_reason"].startswith("signal") else 1
 
 

@@ -26,7 +26,6 @@ from seq2seq.errors import Seq2SeqError
 COMPILE_WINS: frozenset[str] = frozenset()  # device types where compiling measured faster
 
 
-
 def wants_compile(value: object, device: torch.device) -> bool:
     setting = setting_of(value)
     return setting == "true" or (setting == "auto" and device.type in COMPILE_WINS)

@@ -99,7 +99,7 @@ class TrainConfig:
     # seq2seq/compiling.py; on CPU it was not), true, or false.
     compile: str | bool = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
-    prefetch: int = 2  # steps' batches gathered and padded ahead, on a thread (0 = none)
+    prefetch: int = 2  # steps' batches padded (pinned on CUDA) ahead, on a thread (0 = none)
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
     # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)

@@ -111,6 +111,15 @@ def total(runtime: Runtime, *values: float) -> list[float]:
     return summed.tolist()
 
 
+def leave_process_group() -> None:
+    """Leave torchrun's process group before the process exits (every rank, together): a
+    gloo group left to the interpreter's exit can abort a rank that finished cleanly
+    ("terminate called without an active exception")."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def agree(runtime: Runtime, value: Value) -> Value:
     """Rank 0's value for every rank, so that no rank waits for a step the others skip."""
     if runtime.world == 1:

@@ -393,13 +393,16 @@ def test_torchrun_resume_is_exact(tmp_path):
         # once the model is built, each rank draws its own dropout masks; rank 0 goes on as
         # one process would
         import json, torch
-        from seq2seq.runtime import gather, seed_ranks, setup_runtime
-        runtime = setup_runtime("cpu", 1)
+        import torch.distributed as dist
+        from seq2seq.runtime import Runtime, gather, seed_ranks
+        runtime = Runtime(dist.get_rank(), dist.get_world_size())
         torch.manual_seed(5)
         seed_ranks(5, runtime)
         draws = gather(runtime, torch.rand(3).tolist())
         if runtime.main:
             open(out + "/draws.json", "w").write(json.dumps(draws))
+        from seq2seq.runtime import leave_process_group
+        leave_process_group()
     """)
     )
     result = torchrun([str(script)])
