@@ -141,10 +141,10 @@ def _pad(rows: Sequence[Sequence[int]], first: int | None, last: int | None) -> 
     with ``first`` before it and ``last`` after it where they are given."""
     start, extra = int(first is not None), int(first is not None) + int(last is not None)
     out = np.full((len(rows), max(len(r) for r in rows) + extra), PAD_ID, dtype=np.int64)
+    if first is not None:
+        out[:, 0] = first
     for b, row in enumerate(rows):
         out[b, start : start + len(row)] = row
-        if first is not None:
-            out[b, 0] = first
         if last is not None:
             out[b, start + len(row)] = last
     return torch.from_numpy(out)

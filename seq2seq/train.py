@@ -440,8 +440,9 @@ class Trainer:
         bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
         steps = [int(p.stem.removeprefix("step_")) for p in kept]
         better = bleu > s.best_bleu
-        if better and self.runtime.main:
+        if better:  # every rank knows the scores, as in validate; rank 0 writes
             s.best_bleu, s.best_step = bleu, s.step
+        if better and self.runtime.main:
             metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
             checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
         self.model.load_state_dict(trained)
@@ -483,13 +484,15 @@ class Trainer:
             return reason
         elapsed, clock = time.monotonic() - self.started, None
         if self.signals.received:
-            reason, clock = None, f"signal {self.signals.received}"
+            clock = f"signal {self.signals.received}"
         elif t.max_time and elapsed >= t.max_time * 60:
             clock = f"max_time {t.max_time:g} min"
         used = elapsed / (t.max_time * 60) if t.max_time else self.budget_used
-        # every rank stops, and cools the learning rate down, by rank 0's clock
+        # every rank stops, and cools down, by rank 0's clock; a signal before patience and steps
         clock, self.budget_used = agree(self.runtime, (clock, used))
-        return clock if clock and (reason is None or clock.startswith("signal")) else reason
+        if clock and (reason is None or clock.startswith("signal")):
+            return clock
+        return reason
 
     def say(self, message: str) -> None:
         if self.runtime.main:
