@@ -27,7 +27,7 @@ from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from seq2seq.checkpoint import split_run_path
 from seq2seq.config import DecodeConfig
-from seq2seq.corpora import load_corpus
+from seq2seq.corpora import open_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.translate import DecodeProgress, Translation, Translator
@@ -100,7 +100,7 @@ def evaluate_split(
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
     tokenize = tokenize or bleu_tokenize(tgt)
-    corpus = load_corpus(
+    corpus = open_corpus(  # the training split streams: listed only when it is the one scored
         data,
         src,
         tgt,
@@ -109,11 +109,11 @@ def evaluate_split(
         carve_test=d.carve_test,
         columns=columns or (d.columns if data == d.data else None),
     )
-    pairs = corpus.splits.get(split)
+    pairs = list(corpus.train) if split == "train" else corpus.splits.get(split)
     if not pairs:
         raise Seq2SeqError(
             f"{corpus.source_description} has no pairs in split '{split}'; "
-            f"splits: {', '.join(corpus.splits)}"
+            f"splits: {', '.join(['train', *corpus.splits])}"
         )
     decode = decode or translator.config.decode
     with contextlib.closing(DecodeProgress(len(pairs), progress)) as bar:
