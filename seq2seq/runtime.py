@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -24,6 +25,22 @@ class Runtime:
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+
+def peak_memory(device: torch.device) -> dict[str, float]:
+    """This process's peak resident memory so far (``peak_rss_mb``, where the OS reports
+    it) and, on CUDA, the peak of tensors allocated on the device (``cuda_peak_mb``)."""
+    peaks = {}
+    try:
+        import resource  # Unix only
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        peaks["peak_rss_mb"] = rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        peaks["cuda_peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return peaks
 
 
 def _mps_available() -> bool:

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seq2seq import batching
 from seq2seq import corpora as data
 from seq2seq.batching import TokenBatchSampler, collate
 from seq2seq.cli import format_data_report, main
@@ -502,3 +503,21 @@ def test_batches_follow_the_per_pair_rule_at_any_size():
         order = np.lexsort((tgt, src, np.maximum(src, tgt))).tolist()
         got = [b.tolist() for b in sampler.batches(0)]
         assert got == reference(src.tolist(), tgt.tolist(), max_tokens, order), max_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2**20), st.integers(0, 2**20)), max_size=400),
+    st.sampled_from([3, 90, 2**21]),
+    st.integers(0, 2**31),
+)
+def test_the_packed_length_sort_orders_pairs_as_lexsort_does(pairs, cap, seed):
+    # _by_length packs (longer side, source, target, position) into one uint64 sorted in
+    # place; lengths too long to pack take np.lexsort. Either way: lexsort's stable order.
+    src = np.array([s % cap for s, _ in pairs], dtype=np.int32)
+    tgt = np.array([t % cap for _, t in pairs], dtype=np.int32)
+    order = np.random.default_rng(seed).permutation(len(pairs)).astype(np.int32)
+    got, longer = batching._by_length(order, src, tgt)
+    expected = order[np.lexsort((tgt[order], src[order], np.maximum(src, tgt)[order]))]
+    assert got.tolist() == expected.tolist()
+    assert longer.tolist() == np.maximum(src, tgt)[expected].tolist()

@@ -585,6 +585,18 @@ def test_train_log_and_environment_record_the_run(tmp_path):
         # the flags a bf16 figure depends on, read from /proc/cpuinfo; torch reads them apart
         has_avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
         assert ("avx512_bf16" in environment["cpu_bf16_flags"]) == has_avx512_bf16
+    # a start line per segment and every training line carry the peak memory so far,
+    # which never falls and is at least the model's fp32 weights
+    starts = read_metrics(run, "start")
+    assert [r["step"] for r in starts] == [0, 12]
+    train_lines = read_metrics(run, "train")
+    for first, last in ((0, 12), (12, 13)):  # within a segment: one process, a running peak
+        peaks = [r["peak_rss_mb"] for r in train_lines if first < r["step"] <= last]
+        assert peaks and peaks == sorted(peaks)
+    # in MB: a process that imported torch holds more than 50, this one far less than 50,000
+    assert all(50 < r["peak_rss_mb"] < 50_000 for r in train_lines)
+    assert starts[0]["peak_rss_mb"] <= train_lines[0]["peak_rss_mb"]
+    assert "cuda_peak_mb" not in starts[0]  # on the CPU
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,16 @@ def _steps_logged(metrics: Path) -> set[int]:
     return steps
 
 
+def _ready_rss(metrics: Path, step: int) -> float:
+    """The peak RSS the trainer logged before its first step, from the segment that started
+    at ``step``: corpus, tokenizer, store, model and optimizer, no training step yet."""
+    for line in reversed(metrics.read_text(encoding="utf-8").splitlines()):
+        record = json.loads(line)
+        if record["kind"] == "start" and record["step"] == step:
+            return record["peak_rss_mb"]
+    raise SystemExit(f"{metrics}: no start line at step {step}")
+
+
 def _cpu_seconds(pid: int) -> float | None:
     """The CPU seconds (user and system, all threads) process ``pid`` has used (Linux)."""
     try:
@@ -172,6 +182,7 @@ def timed_train(argv: list[str], run: Path, first_step: int) -> dict:
     span = seen[steps[-1]][0] - seen[steps[0]][0]
     return {
         "peak_rss_mb": usage.ru_maxrss / 1024,  # kilobytes on Linux
+        "ready_rss_mb": _ready_rss(run / "metrics.jsonl", first_step - 1),
         "first_step_s": seen[first_step][0] - started,
         "first_step_cpu_s": seen[first_step][1],
         "steps_per_s": (len(steps) - 1) / span if span > 0 else None,
@@ -301,8 +312,10 @@ def readme_values(r: dict) -> dict[str, object]:
     table = "\n".join(
         f"| {x['pairs']:,} | {_mb(x['corpus_mb'])} | {_mb(x['store_mb'])} "
         f"| {_s(x['prepare_s'])} | {_s(x['prepare_cpu_s'])} "
-        f"| {_mb(x['fresh']['peak_rss_mb'])} | {_first_step(x['fresh'])} "
-        f"| {_mb(x['resume']['peak_rss_mb'])} | {_first_step(x['resume'])} "
+        f"| {_mb(x['fresh']['ready_rss_mb'])} | {_mb(x['fresh']['peak_rss_mb'])} "
+        f"| {_first_step(x['fresh'])} "
+        f"| {_mb(x['resume']['ready_rss_mb'])} | {_mb(x['resume']['peak_rss_mb'])} "
+        f"| {_first_step(x['resume'])} "
         f"| {x['fresh']['steps_per_s'] or 0:.2f} | {x['load_before']:.1f} |"
         for x in rows
     )
@@ -329,12 +342,14 @@ def readme_values(r: dict) -> dict[str, object]:
             f"≤ {GOALS['rss_mb_5m']:,} MB)"
         )
     if one_m and five_m:
-        growth = five_m["fresh"]["peak_rss_mb"] / one_m["fresh"]["peak_rss_mb"] - 1
-        verdicts.append(
-            f"- peak RSS growth from 1M to 5M pairs: {growth:+.0%} "
-            f"({'met' if growth < GOALS['rss_growth'] else '**not met**'}: "
-            f"< {GOALS['rss_growth']:.0%})"
-        )
+        for start in ("fresh", "resume"):
+            growth = five_m[start]["peak_rss_mb"] / one_m[start]["peak_rss_mb"] - 1
+            ready = five_m[start]["ready_rss_mb"] / one_m[start]["ready_rss_mb"] - 1
+            verdicts.append(
+                f"- peak RSS growth from 1M to 5M pairs, {start} start: {growth:+.0%} "
+                f"({'met' if growth < GOALS['rss_growth'] else '**not met**'}: "
+                f"< {GOALS['rss_growth']:.0%}); before the first step: {ready:+.0%}"
+            )
     if not verdicts:
         verdicts.append("- no goal applies to these sizes (1M and 5M pairs were not measured)")
     a = r["access"]
