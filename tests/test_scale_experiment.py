@@ -37,6 +37,8 @@ def test_scale_runs_in_quick_mode(tmp_path):
     for run in ("fresh", "resume"):
         measured = size[run]
         assert measured["peak_rss_mb"] > 50
+        # before the first step the trainer holds less than its peak after some steps
+        assert 50 < measured["ready_rss_mb"] <= measured["peak_rss_mb"]
         assert 0 < measured["first_step_s"] < measured["wall_s"]
         assert measured["steps_per_s"] > 0
     access = results["access"]
@@ -67,3 +69,26 @@ def test_committed_readme_is_its_template_filled_from_results():
     assert readme(HERE, HERE, run.readme_values) == (HERE / "README.md").read_text(
         encoding="utf-8"
     ), "scale/README.md differs from its template: run.py --readme-only rewrites it"
+
+
+def test_the_versions_benchmark_compares_two_checkouts(tmp_path):
+    # --before . compares this checkout with itself: the script runs end to end
+    out = tmp_path / "versions.json"
+    done = subprocess.run(
+        [sys.executable, str(HERE / "versions.py"), "--before", str(REPO), "--quick"]
+        + ["--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert [len(v) for v in result["each_round"].values()] == [2, 2]
+    assert result["ratio_after_before"] > 0 and set(result["checkouts"]) == {"before", "after"}
+    bad = subprocess.run(
+        [sys.executable, str(HERE / "versions.py"), "--before", str(tmp_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "not a seq2seq checkout" in bad.stderr
