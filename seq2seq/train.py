@@ -216,8 +216,7 @@ class Trainer:
             self.log.close()
             return agree(self.runtime, s)
         s.finished = False
-        # memory once the data, model and optimizer are ready, before the first step
-        self.log.log("start", s.step, peak_memory(self.runtime.device))
+        self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
         with self.signals:
             while s.stop_reason is None and s.epoch < t.max_epochs:
                 self.train_epoch()
@@ -354,8 +353,7 @@ class Trainer:
                 postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
             bar.set_postfix(postfix)
             values = {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": s.epoch}
-            values.update(peak_memory(self.runtime.device))
-            self.log.log("train", s.step, values)
+            self.log.log("train", s.step, values | peak_memory(self.runtime.device))
             self.tick, self.tick_tokens = time.monotonic(), 0
         if t.validate_every and s.step % t.validate_every == 0:
             self.validate()
