@@ -91,20 +91,25 @@ def output_dir(p: argparse.ArgumentParser, out: str | None, quick: bool, here: P
 
 
 def train_all(configs: dict[str, Config], runs: Path, reuse: bool, jobs: int) -> None:
-    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes."""
-    todo = {
-        name: c
-        for name, c in configs.items()
-        if not (reuse and (runs / name / checkpoint.BEST_FILE).is_file())
-    }
-    for name in todo:
+    """Train each config into ``runs/NAME``, ``jobs`` at a time in their own processes.
+    With ``reuse``, a run that finished is kept and one that was killed is resumed exactly
+    (``--resume``), so an experiment can span several sessions; without it, every run
+    starts afresh."""
+    todo: dict[str, tuple[Config, bool]] = {}  # name -> (config, resume)
+    for name, c in configs.items():
+        last = runs / name / checkpoint.LAST_FILE
+        if reuse and last.is_file():
+            if not checkpoint.read_tensors(last)[1].get("finished"):
+                todo[name] = (c, True)
+            continue
         shutil.rmtree(runs / name, ignore_errors=True)  # no stale files from an earlier run
+        todo[name] = (c, False)
     with ProcessPoolExecutor(
         max(1, min(jobs, len(todo) or 1)), mp_context=get_context("spawn")
     ) as pool:
         futures = [
-            pool.submit(train, c, runs / name, overwrite=True, progress=False)
-            for name, c in todo.items()
+            pool.submit(train, c, runs / name, resume=resume, overwrite=not resume, progress=False)
+            for name, (c, resume) in todo.items()
         ]
         for f in futures:
             f.result()

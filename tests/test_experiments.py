@@ -186,3 +186,27 @@ def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path
     assert set(record["ms_per_step"]) == {"prefetch 0", "prefetch 2"}
     assert all(ms > 0 for ms in record["ms_per_step"].values())
     assert f"{record['ratio_prefetch_2_over_0']:.3f} (median ratio)" in done.stdout
+
+
+def test_train_all_keeps_finished_runs_and_resumes_killed_ones(tmp_path):
+    # With reuse, an experiment spans sessions: a finished run is left as it is, a run that
+    # was killed continues from its last state, and without reuse everything starts afresh.
+    sys.path.insert(0, str(REPO / "experiments"))
+    from common import train_all
+
+    from seq2seq.checkpoint import read_tensors, write_tensors
+    from tests.test_train import read_metrics, tiny_config
+
+    configs = {name: tiny_config(train__max_steps=4) for name in ("done", "killed")}
+    train_all(configs, tmp_path, reuse=False, jobs=1)
+    last = tmp_path / "killed" / "last.safetensors"
+    tensors, state = read_tensors(last)
+    write_tensors(last, tensors, {**state, "finished": False})  # as a kill leaves it
+    kept = (tmp_path / "done" / "last.safetensors").stat().st_mtime_ns
+    configs["killed"] = tiny_config(train__max_steps=6)
+    train_all(configs, tmp_path, reuse=True, jobs=1)
+    assert (tmp_path / "done" / "last.safetensors").stat().st_mtime_ns == kept
+    assert [r["step"] for r in read_metrics(tmp_path / "killed", "start")] == [0, 4]
+    assert read_tensors(last)[1]["step"] == 6 and read_tensors(last)[1]["finished"]
+    train_all(configs, tmp_path, reuse=False, jobs=1)
+    assert [r["step"] for r in read_metrics(tmp_path / "killed", "start")] == [0]
