@@ -1,13 +1,13 @@
-"""A run's data, ready to train on: the training pairs tokenized once into a memory-mapped
-store in ``RUN/data/`` (``seq2seq.store``), the validation pairs as small lists, the tokenizer.
+"""A run's data, ready to train on: the training pairs tokenized once into a store of flat
+arrays in ``RUN/data/`` (``seq2seq.store``), the validation pairs as small lists, the tokenizer.
 
 A fresh run reads the corpus, streaming its training split (never all of it in memory),
 trains SentencePiece on a sample of it, and encodes it chunk by chunk into the store. The
 store's manifest, written last, holds the key it was made for (the corpus files' sizes and
 modification times, the tokenizer files' sha256, the filters), the validation pairs and
-the data summary. A resumed run whose key still matches reads only the manifest and maps
-the arrays: no corpus reading, no tokenizer training; one whose corpus changed encodes it
-again with the run's tokenizer. Rank 0 prepares; every rank maps the same files.
+the data summary. A resumed run whose key still matches reads only the manifest and the
+pairs' lengths: no corpus reading, no tokenizer training; one whose corpus changed encodes it
+again with the run's tokenizer. Rank 0 prepares; every rank reads the same files.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _ENCODE_CHUNK = 20_000
 @dataclass
 class Prepared:
     tokenizer: Tokenizer
-    train: PairStore  # the training pairs, memory-mapped
+    train: PairStore  # the training pairs, read from RUN/data as batches ask
     valid_src: list[list[int]]  # validation stays small lists, truncated to the model's positions
     valid_tgt: list[list[int]]
     valid_refs: list[str]

@@ -1,12 +1,12 @@
-"""Tokenized pairs on disk, memory-mapped: written once, then read by every start of a run.
+"""Tokenized pairs on disk: written once, then read by every start of a run.
 
 The layout is fairseq's: per side, the subword ids of all pairs end to end in one flat
 array (``src_ids.bin``: uint16 when the vocabulary has at most 65,536 pieces, else int32)
 and the offset where each pair starts (``src_offsets.bin``, int64, one more than there
-are pairs, so pair ``i`` is ``ids[offsets[i]:offsets[i + 1]]``). Both are raw arrays
-opened with ``numpy.memmap``: a batch reads only its own pairs' bytes, the page cache
-keeps what is hot, and every process that maps the same files (the ranks of ``torchrun``,
-a resumed run, data-loading workers) shares one copy in memory. Raw rather than ``.npy``:
+are pairs, so pair ``i`` is ``ids[offsets[i]:offsets[i + 1]]``). A batch reads only its
+own pairs' bytes (``PairStore``), the page cache keeps what is hot, and every process that
+reads the same files (the ranks of ``torchrun``, a resumed run, data-loading workers)
+shares that one copy in memory. Raw rather than ``.npy``:
 the number of ids is known only when the last pair is written, and an ``.npy`` header
 states its shape first; ``manifest.json`` says what the arrays hold instead.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -123,26 +124,25 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def _map(path: Path, dtype: np.dtype) -> np.ndarray:
-    # numpy cannot map an empty file, which is what a store of no pairs has for ids
-    return np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
-
-
 class PairStore:
-    """The pairs of a store, memory-mapped: their lengths in memory, their ids on disk.
+    """The pairs of a store: their lengths in memory, their ids read from disk as asked.
 
     ``src_lengths``/``tgt_lengths``: int32 subword ids per pair, EOS not counted.
+
+    A batch's pairs are read with ``os.pread``, not through a memory map: a mapped page
+    counts in the resident memory of the process that touched it, and a page fault maps
+    its cached neighbours too (the kernel's fault-around, 64 KB), so random batches of a
+    5M-pair store had mapped 260 MB more into the trainer after 20 steps, and would have
+    mapped all of it in an epoch. Read, the same bytes stay in the page cache, shared by
+    every process and run that reads them and given back under pressure, counted to none.
     """
 
     def __init__(self, directory: Path, dtype: str) -> None:
         self.directory, self.dtype = Path(directory), np.dtype(dtype)
-        self._ids = {s: _map(self.directory / _ids_file(s), self.dtype) for s in SIDES}
-        self._offsets = {s: _map(self.directory / _offsets_file(s), np.int64) for s in SIDES}
         self.src_lengths, self.tgt_lengths = (self._lengths(side) for side in SIDES)
 
     def _lengths(self, side: str) -> np.ndarray:
-        # Read, not through the map: reading every page of a map keeps it all resident (80 MB
-        # at 5M pairs) where a batch touches a few. int32: half of int64's memory.
+        # int32: half of int64's memory; the offsets are read again pair by pair
         offsets = np.fromfile(self.directory / _offsets_file(side), dtype=np.int64)
         return np.diff(offsets).astype(np.int32)
 
@@ -150,17 +150,50 @@ class PairStore:
         return len(self.src_lengths)
 
     def __reduce__(self) -> tuple:
-        # A worker process given the store maps the same files, rather than receiving a copy
-        # of the arrays (numpy pickles a memmap as its whole contents).
+        # A worker process given the store reads the same files, rather than receiving a
+        # copy of the lengths.
         return PairStore, (self.directory, self.dtype.name)
 
     def pairs(self, indices: Iterable[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The source and target ids (int64 arrays, no BOS/EOS) of the pairs at ``indices``."""
         indices = np.asarray(indices, dtype=np.int64)
-        src, tgt = (self._side(side, indices) for side in SIDES)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            raise IndexError(f"pair indices must be in [0, {len(self)})")
+        src, tgt = (self._side(side, indices.tolist()) for side in SIDES)
         return src, tgt
 
-    def _side(self, side: str, indices: np.ndarray) -> list[np.ndarray]:
-        ids, offsets = self._ids[side], self._offsets[side]
-        starts, ends = offsets[indices].tolist(), offsets[indices + 1].tolist()
-        return [ids[a:b].astype(np.int64) for a, b in zip(starts, ends, strict=True)]
+    def _side(self, side: str, indices: list[int]) -> list[np.ndarray]:
+        size = self.dtype.itemsize
+        found = []
+        with (
+            _opened(self.directory / _ids_file(side)) as ids,
+            _opened(self.directory / _offsets_file(side)) as offsets,
+        ):
+            for i in indices:  # pair i: ids[offsets[i]:offsets[i + 1]]
+                start, end = np.frombuffer(_read_at(offsets, 16, 8 * i), np.int64).tolist()
+                data = _read_at(ids, (end - start) * size, start * size)
+                found.append(np.frombuffer(data, self.dtype).astype(np.int64))
+        return found
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _read_at(fd: int, n: int, offset: int) -> bytes:
+    """``n`` bytes of the file ``fd`` from ``offset``, without moving a shared position
+    (``os.pread``; where there is none, as on Windows, a seek and a read on this descriptor
+    of this call's own)."""
+    if hasattr(os, "pread"):
+        data = os.pread(fd, n, offset)
+    else:
+        os.lseek(fd, offset, os.SEEK_SET)
+        data = os.read(fd, n)
+    if len(data) != n:
+        raise OSError(f"store file ended early: {n} bytes asked at {offset}, {len(data)} read")
+    return data

@@ -128,6 +128,28 @@ def test_a_store_pickles_as_its_files_not_its_arrays(tmp_path):
     assert [x.tolist() for x in copy.pairs([5, 1999])[1]] == [tgt[5], tgt[1999]]
 
 
+def _mapped_file_kb() -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(next(ln for ln in status.splitlines() if ln.startswith("RssFile:")).split()[1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="Linux's /proc")
+def test_reading_pairs_maps_none_of_the_store_into_the_process(tmp_path):
+    # A memory map would count every page a batch touched (and its neighbours) in the
+    # process's resident memory; the store is read, so the page cache holds it instead.
+    src, tgt = random_pairs(50_000, 8000)
+    write_store(tmp_path, src, tgt, 8000, chunk=5000)
+    store = PairStore(tmp_path, read_manifest(tmp_path)["dtype"])
+    files = sum(f.stat().st_size for f in tmp_path.iterdir()) // 1024
+    before = _mapped_file_kb()
+    picked = np.random.default_rng(1).integers(0, len(store), 5000)
+    got_src, _ = store.pairs(picked)
+    assert _mapped_file_kb() - before < files // 4  # a map of them grows by about all of it
+    assert [got_src[i].tolist() for i in (0, 4999)] == [src[picked[0]], src[picked[4999]]]
+    with pytest.raises(IndexError, match=r"pair indices must be in \[0, 50000\)"):
+        store.pairs([0, 50_000])
+
+
 def test_a_writer_refuses_sides_of_different_lengths(tmp_path):
     with write_pairs(tmp_path, np.uint16) as writer:
         assert isinstance(writer, PairWriter)

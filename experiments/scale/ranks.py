@@ -3,8 +3,9 @@ same corpus, each a fresh run (rank 0 prepares the corpus) trained for a few ste
 
 The memory of a process tree is sampled every 50 ms from /proc: the sum of the processes'
 RSS (shared pages counted once per process that maps them) and of their PSS (a shared page
-split between the processes that map it: the memory the tree really holds). The memory-
-mapped corpus is shared; the model, its optimizer state and activations are not.
+split between the processes that map it: the memory the tree really holds). The corpus
+store is read through the shared page cache; the model, its optimizer state and
+activations are each process's own.
 
     python experiments/scale/run.py --sizes 1000000        # writes the 1M-pair corpus
     python experiments/scale/ranks.py --corpus /tmp/scale/pairs-1000000-seed0.tsv

@@ -11,7 +11,7 @@ other:
 recording per process its peak RSS (``ru_maxrss`` from ``wait4``), the wall seconds from
 its start to its first training step (``metrics.jsonl`` polled, with a line every step)
 and its steps/s; and the preparation's wall and CPU seconds (``RUN/data/manifest.json``).
-Last, random access to batches of 120 pairs of the largest store: the memory-mapped arrays
+Last, random access to batches of 120 pairs of the largest store: the flat arrays
 (``seq2seq.store``) against the same pairs in a ``datasets`` Arrow file.
 
     python experiments/scale/run.py --corpora /tmp/scale [--sizes 100000 1000000 5000000]
@@ -248,7 +248,7 @@ def import_seconds(module: str) -> float:
 
 
 def access_times(run: Path, batch: int, rounds: int) -> dict:
-    """Median milliseconds to read ``batch`` random pairs: the memory-mapped store against a
+    """Median milliseconds to read ``batch`` random pairs: the store (``PairStore``) against a
     ``datasets`` Arrow file of the same pairs (as Python lists, and as numpy arrays)."""
     import datasets
 

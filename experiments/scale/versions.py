@@ -1,6 +1,6 @@
 """Multi30k training speed before and after the store: the whole trainer of two checkouts.
 
-Issue 22 changed the data path (a memory-mapped store, numpy index batches, a prefetch
+Issue 22 changed the data path (a store read from disk, numpy index batches, a prefetch
 thread, the clock agreed every ``log_every`` steps) and asks that Multi30k training speed
 stay within noise. This trains the default recipe for ``--steps`` steps with each checkout's
 ``seq2seq train`` in turn (``PYTHONPATH`` picks the code), alternating which goes first,
