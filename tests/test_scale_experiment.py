@@ -43,7 +43,7 @@ def test_scale_runs_in_quick_mode(tmp_path):
         assert measured["steps_per_s"] > 0
     access = results["access"]
     assert access["pairs"] == 240 and access["batch"] == 120
-    assert access["mmap_ms"] > 0 and access["arrow_ms"] > 0
+    assert access["store_ms"] > 0 and access["arrow_ms"] > 0
     readme = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "--quick" in readme and "| 300 |" in readme and "## Reproduce" in readme
     after = (HERE / "README.md").read_bytes() if (HERE / "README.md").exists() else None
