@@ -29,6 +29,9 @@ sys.path.insert(0, str(REPO))
 
 from seq2seq.runlog import machine  # noqa: E402
 
+sys.path.insert(0, str(REPO / "experiments"))
+from common import QUICK_MODEL  # noqa: E402
+
 # Validation only at the end and on a few sentences: what is timed is the training steps.
 SETTINGS = [
     "train.log_every=10",
@@ -37,17 +40,7 @@ SETTINGS = [
     "train.average_last=0",
     "train.keep_last=1",
 ]
-QUICK = [
-    "data.data=sample",
-    "data.vocab_size=300",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
-    "data.max_tokens=160",
-    "train.log_every=2",
-]
+QUICK = [*QUICK_MODEL, "train.log_every=2"]
 
 
 def tokens_per_s(code: Path, steps: int, settings: list[str], scratch: Path) -> float:
