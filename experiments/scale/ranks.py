@@ -1,5 +1,8 @@
 """Memory of several processes: one process against ``torchrun --nproc_per_node=2`` on the
-same corpus, each a fresh run (rank 0 prepares the corpus) trained for a few steps.
+same corpus, each a fresh run (rank 0 prepares the corpus) trained for a few steps. The two
+processes run twice: each with the default 2,048 tokens per step (``data.max_tokens`` is per
+process: twice the batch of one process) and each with 1,024 (the same batch as one process,
+as the loss equality tests compare them).
 
 The memory of a process tree is sampled every 50 ms from /proc: the sum of the processes'
 RSS (shared pages counted once per process that maps them) and of their PSS (a shared page
@@ -25,6 +28,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from seq2seq.runlog import machine  # noqa: E402
+
+MAX_TOKENS = 2048  # data.max_tokens of the default recipe: tokens per process and step
+ONE = "1 process"
+TWICE = "torchrun, 2 processes, 2048 tokens each (twice the batch)"
+SAME = "torchrun, 2 processes, 1024 tokens each (the same batch)"
 
 
 def tree(pid: int) -> list[int]:
@@ -83,15 +91,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         one = [sys.executable, "-m", "seq2seq", *train, "--out", f"{tmp}/one"]
         two = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        two += ["--nproc_per_node=2", "-m", "seq2seq", *train, "--out", f"{tmp}/two"]
-        for name, command in (("1 process", one), ("torchrun, 2 processes", two)):
-            results[name] = peak_memory(command, launcher=command is two)
+        two += ["--nproc_per_node=2", "-m", "seq2seq", *train]
+        half = ["--set", f"data.max_tokens={MAX_TOKENS // 2}"]
+        runs = {
+            ONE: one,
+            TWICE: [*two, "--out", f"{tmp}/two"],  # each rank a whole batch: twice the batch
+            SAME: [*two, *half, "--out", f"{tmp}/half"],  # half each: the same batch
+        }
+        for name, command in runs.items():
+            results[name] = peak_memory(command, launcher=command is not one)
             print(name, {k: round(v) for k, v in results[name].items()}, flush=True)
     ratio = {
-        k: results["torchrun, 2 processes"][k] / results["1 process"][k]
-        for k in ("peak_rss_mb", "peak_pss_mb")
+        name: {k: results[name][k] / results[ONE][k] for k in ("peak_rss_mb", "peak_pss_mb")}
+        for name in (TWICE, SAME)
     }
-    print(f"2 processes / 1: RSS {ratio['peak_rss_mb']:.2f}x, PSS {ratio['peak_pss_mb']:.2f}x")
+    for name, r in ratio.items():
+        print(f"{name} / 1 process: RSS {r['peak_rss_mb']:.2f}x, PSS {r['peak_pss_mb']:.2f}x")
     record = {"corpus": str(args.corpus), "steps": args.steps, "results": results}
     record |= {"ratio": ratio, "environment": machine(), "command": sys.argv}
     args.json.write_text(json.dumps(record, indent=2) + "\n")
