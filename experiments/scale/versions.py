@@ -10,6 +10,8 @@ out). Reported: each checkout's median over rounds and the median of the per-rou
     git worktree add /tmp/before 03fedf9     # the commit before the store
     python experiments/scale/versions.py --before /tmp/before --threads 2 \\
         --json experiments/scale/versions.json
+    python experiments/scale/versions.py --before . --after-env \\
+        LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2     # the allocator alone
     python experiments/scale/versions.py --before . --quick   # seconds: the script runs
 """
 
@@ -43,13 +45,15 @@ SETTINGS = [
 QUICK = [*QUICK_MODEL, "train.log_every=2"]
 
 
-def tokens_per_s(code: Path, steps: int, settings: list[str], scratch: Path) -> float:
+def tokens_per_s(
+    code: Path, steps: int, settings: list[str], scratch: Path, extra_env: dict[str, str]
+) -> float:
     """Train once with the code in ``code``; the median tokens/s of its training log lines
     after the first (which includes the first steps' warm-up)."""
     run = scratch / "run"
     argv = ["--src", "de", "--tgt", "en", "--out", str(run), "--overwrite", "--no-progress"]
     argv += ["--max-steps", str(steps), *(a for s in settings for a in ("--set", s))]
-    env = {**os.environ, "PYTHONPATH": str(code)}
+    env = {**os.environ, **extra_env, "PYTHONPATH": str(code)}
     done = subprocess.run(
         [sys.executable, "-m", "seq2seq", "train", *argv],
         env=env,
@@ -70,6 +74,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", type=Path, required=True, help="the older checkout")
     parser.add_argument("--after", type=Path, default=REPO, help="default: this checkout")
+    parser.add_argument(
+        "--after-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable of the after side only (e.g. LD_PRELOAD=...: the same "
+        "code with another allocator); repeatable",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60, help="steps per run (default: 60)")
     parser.add_argument("--threads", type=int, default=2, help="train.threads (default: 2)")
@@ -80,6 +92,9 @@ def main() -> None:
     if args.quick:
         args.rounds, args.steps, settings = 2, 6, [*SETTINGS, *QUICK, "train.threads=1"]
     sides = {"before": args.before.resolve(), "after": args.after.resolve()}
+    after_env = dict(kv.split("=", 1) for kv in args.after_env if "=" in kv)
+    if len(after_env) != len(args.after_env):
+        parser.error("--after-env takes NAME=VALUE")
     for name, code in sides.items():
         if not (code / "seq2seq" / "__init__.py").is_file():
             parser.error(f"--{name} {code}: not a seq2seq checkout (no seq2seq/__init__.py)")
@@ -88,7 +103,10 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
-                rates[name].append(tokens_per_s(sides[name], args.steps, settings, Path(scratch)))
+                extra = after_env if name == "after" else {}
+                rates[name].append(
+                    tokens_per_s(sides[name], args.steps, settings, Path(scratch), extra)
+                )
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in sides))
     ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
     result = {
@@ -99,6 +117,7 @@ def main() -> None:
         "steps": args.steps,
         "settings": settings,
         "checkouts": {name: _commit(code) for name, code in sides.items()},
+        "after_env": after_env,
         "machine": machine(),
         "command": [Path(sys.argv[0]).as_posix(), *sys.argv[1:]],
     }
