@@ -5,7 +5,7 @@ thread, the clock agreed every ``log_every`` steps) and asks that Multi30k train
 stay within noise. This trains the default recipe for ``--steps`` steps with each checkout's
 ``seq2seq train`` in turn (``PYTHONPATH`` picks the code), alternating which goes first,
 and reads the tokens/s the trainer logged after its first log interval (warm-up left
-out). Reported: each checkout's median over rounds and the median of the per-round ratios.
+out), and its peak RSS where it logs one. Reported: each checkout's median over rounds and the median of the per-round ratios.
 
     git worktree add /tmp/before 03fedf9     # the commit before the store
     python experiments/scale/versions.py --before /tmp/before --threads 2 \\
@@ -45,11 +45,12 @@ SETTINGS = [
 QUICK = [*QUICK_MODEL, "train.log_every=2"]
 
 
-def tokens_per_s(
+def train_once(
     code: Path, steps: int, settings: list[str], scratch: Path, extra_env: dict[str, str]
-) -> float:
+) -> tuple[float, float | None]:
     """Train once with the code in ``code``; the median tokens/s of its training log lines
-    after the first (which includes the first steps' warm-up)."""
+    after the first (which includes the first steps' warm-up), and the peak RSS it logged
+    (None from a checkout that logs none)."""
     run = scratch / "run"
     argv = ["--src", "de", "--tgt", "en", "--out", str(run), "--overwrite", "--no-progress"]
     argv += ["--max-steps", str(steps), *(a for s in settings for a in ("--set", s))]
@@ -64,10 +65,11 @@ def tokens_per_s(
     if done.returncode != 0:
         raise SystemExit(f"{code}: seq2seq train failed:\n{done.stderr[-2000:]}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    rates = [r["tokens_per_s"] for r in rows if r["kind"] == "train"][1:]
-    if not rates:
+    trained = [r for r in rows if r["kind"] == "train"]
+    if len(trained) < 2:
         raise SystemExit(f"{code}: fewer than two training log lines; raise --steps")
-    return statistics.median(rates)
+    rate = statistics.median(r["tokens_per_s"] for r in trained[1:])
+    return rate, trained[-1].get("peak_rss_mb")
 
 
 def main() -> None:
@@ -99,19 +101,21 @@ def main() -> None:
         if not (code / "seq2seq" / "__init__.py").is_file():
             parser.error(f"--{name} {code}: not a seq2seq checkout (no seq2seq/__init__.py)")
     rates: dict[str, list[float]] = {name: [] for name in sides}
+    peaks: dict[str, list[float | None]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory() as scratch:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
                 extra = after_env if name == "after" else {}
-                rates[name].append(
-                    tokens_per_s(sides[name], args.steps, settings, Path(scratch), extra)
-                )
+                rate, peak = train_once(sides[name], args.steps, settings, Path(scratch), extra)
+                rates[name].append(rate)
+                peaks[name].append(peak)
             print(f"round {r + 1}: " + ", ".join(f"{n} {rates[n][-1]:,.0f}" for n in sides))
     ratios = [a / b for a, b in zip(rates["after"], rates["before"], strict=True)]
     result = {
         "tokens_per_s": {name: statistics.median(v) for name, v in rates.items()},
         "each_round": rates,
+        "peak_rss_mb_each_round": peaks,
         "ratio_after_before": statistics.median(ratios),
         "ratios": ratios,
         "steps": args.steps,
