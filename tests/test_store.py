@@ -150,6 +150,20 @@ def test_reading_pairs_maps_none_of_the_store_into_the_process(tmp_path):
         store.pairs([0, 50_000])
 
 
+def test_without_pread_a_store_reads_the_same_pairs(tmp_path, monkeypatch):
+    # Windows has no os.pread: a seek and a read on the call's own descriptor stand in
+    src, tgt = random_pairs(300, 8000)
+    write_store(tmp_path, src, tgt, 8000)
+    store = PairStore(tmp_path, read_manifest(tmp_path)["dtype"])
+    picked = [299, 0, 17, 17, 150]
+    with_pread = store.pairs(picked)
+    monkeypatch.delattr(os, "pread")
+    without = store.pairs(picked)
+    for side, expected in zip(without, (src, tgt), strict=True):
+        assert [x.tolist() for x in side] == [expected[i] for i in picked]
+    assert all(np.array_equal(a, b) for a, b in zip(with_pread[1], without[1], strict=True))
+
+
 def test_a_writer_refuses_sides_of_different_lengths(tmp_path):
     with write_pairs(tmp_path, np.uint16) as writer:
         assert isinstance(writer, PairWriter)
