@@ -376,32 +376,33 @@ def test_torchrun_two_processes_equal_one_process_and_only_rank_0_writes(tmp_pat
 
 @needs_gloo
 def test_torchrun_resume_is_exact(tmp_path):
-    # One torchrun job trains three runs in the same processes (a launch costs ~20 s here):
+    # Each segment is a torchrun job of its own, as a real interruption and resume are:
     # straight to step 18, and interrupted at step 7, then resumed to 18. With dropout on,
     # each rank draws different masks; both ranks' RNG states must survive the interruption.
-    script = tmp_path / "runs.py"
+    config = write_tiny_yaml(tmp_path / "tiny.yaml")
+
+    def job(*args: str) -> None:
+        result = torchrun(["-m", "seq2seq", "train", "--no-progress", *args])
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    job("--config", str(config), "--out", str(tmp_path / "straight"), "--max-steps", "18")
+    job("--config", str(config), "--out", str(tmp_path / "interrupted"), "--max-steps", "7")
+    job("--resume", "--out", str(tmp_path / "interrupted"), "--max-steps", "18")
+    # Once the model is built, each rank draws its own dropout masks; rank 0 goes on as one
+    # process would.
+    script = tmp_path / "draws.py"
     script.write_text(
         textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_train import tiny_config
-        from seq2seq.train import train
-        out = {str(tmp_path)!r}
-        train(tiny_config(train__max_steps=18), out + "/straight", progress=False)
-        train(tiny_config(train__max_steps=7), out + "/interrupted", progress=False)
-        train(tiny_config(train__max_steps=18), out + "/interrupted", resume=True, progress=False)
-        # once the model is built, each rank draws its own dropout masks; rank 0 goes on as
-        # one process would
         import json, torch
         import torch.distributed as dist
-        from seq2seq.runtime import Runtime, gather, seed_ranks
+        from seq2seq.runtime import Runtime, gather, leave_process_group, seed_ranks
+        dist.init_process_group("gloo")
         runtime = Runtime(dist.get_rank(), dist.get_world_size())
         torch.manual_seed(5)
         seed_ranks(5, runtime)
         draws = gather(runtime, torch.rand(3).tolist())
         if runtime.main:
-            open(out + "/draws.json", "w").write(json.dumps(draws))
-        from seq2seq.runtime import leave_process_group
+            open({str(tmp_path / "draws.json")!r}, "w").write(json.dumps(draws))
         leave_process_group()
     """)
     )
