@@ -80,6 +80,19 @@ def _logged_step(line: str) -> float:
 BF16_FLAGS = {"amx_bf16", "amx_tile", "avx512_bf16"}
 
 
+def git_commit(checkout: Path) -> str | None:
+    """The commit checked out in ``checkout``; None outside a git checkout or without git."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return done.stdout.strip() or None if done.returncode == 0 else None
+    return None
+
+
 def machine() -> dict[str, Any]:
     """Versions, git commit, CPU model and torch threads: what a number was measured on
     (every run's ``environment.json``, and the benchmarks' JSON)."""
@@ -92,13 +105,7 @@ def machine() -> dict[str, Any]:
         "sacrebleu": sacrebleu.__version__,
         "seq2seq": __version__,
     }
-    repo = Path(__file__).resolve().parents[1]
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        commit = done.stdout.strip() or None if done.returncode == 0 else None
+    commit = git_commit(Path(__file__).resolve().parents[1])
     cpu, flags = platform.processor() or platform.machine(), set()
     with contextlib.suppress(OSError):
         first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]  # the first processor

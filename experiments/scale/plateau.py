@@ -5,7 +5,7 @@ process's peak RSS, which keeps rising for hundreds of steps as batches of new s
 (torch's activations, and what glibc keeps of them). This resumes ``run.py``'s runs (one per
 corpus size, in ``--corpora``/runs) for ``--steps`` more steps each, one after the other,
 and records the peak RSS the trainer logged at every step (``metrics.jsonl``'s
-``peak_rss_mb``) and before its first one (the ``start`` line).
+``peak_rss_mb``) and before its first one (the ``start`` line), with ``run.py``'s settings.
 
     python experiments/scale/run.py --corpora /tmp/scale --sizes 100000 1000000 5000000
     python experiments/scale/plateau.py --corpora /tmp/scale --sizes 1000000 5000000 --steps 300
@@ -21,29 +21,30 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run.py, the runs' settings
 
+from run import train_args  # noqa: E402
+
+from seq2seq.curves import read_metrics  # noqa: E402
 from seq2seq.runlog import machine  # noqa: E402
 
 
-def rows(metrics: Path) -> list[dict]:
-    return [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines()]
-
-
 def resume(run: Path, steps: int, threads: int) -> dict:
-    """Resume ``run`` for ``steps`` more steps; the peak RSS before its first step and
-    after each step of that segment, as the trainer logged them."""
-    start = max(r["step"] for r in rows(run / "metrics.jsonl"))
+    """Resume ``run`` for ``steps`` more steps with ``run.py``'s settings; the peak RSS before
+    its first step and after each step of that segment, as the trainer logged them."""
+    start = max(r["step"] for records in read_metrics(run).values() for r in records)
     argv = ["--resume", "--out", str(run), "--max-steps", str(start + steps), "--no-progress"]
-    settings = ["train.log_every=1", "train.valid_bleu_sentences=16", f"train.threads={threads}"]
-    argv += [a for s in settings for a in ("--set", s)]
     done = subprocess.run(
-        [sys.executable, "-m", "seq2seq", "train", *argv], capture_output=True, text=True
+        [sys.executable, "-m", "seq2seq", "train", *argv, *train_args(False, threads)],
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         raise SystemExit(f"{run}: seq2seq train failed:\n{done.stderr[-2000:]}")
-    segment = [r for r in rows(run / "metrics.jsonl") if r["step"] >= start]
-    [ready] = [r["peak_rss_mb"] for r in segment if r["kind"] == "start"]
-    trained = [(r["step"], r["peak_rss_mb"]) for r in segment if r["kind"] == "train"]
+    logged = read_metrics(run)
+    [ready] = [r["peak_rss_mb"] for r in logged["start"] if r["step"] == start]
+    # steps after ``start`` only: the line at ``start`` is the previous process's
+    trained = [(r["step"], r["peak_rss_mb"]) for r in logged["train"] if r["step"] > start]
     return {"from_step": start, "ready_rss_mb": ready, "peak_rss_mb_by_step": trained}
 
 

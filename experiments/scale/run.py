@@ -39,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 from seq2seq.corpora import load_corpus
+from seq2seq.curves import read_metrics
+from seq2seq.errors import Seq2SeqError
 from seq2seq.prepare import DATA_DIR
 from seq2seq.store import PairStore, read_manifest
 
@@ -116,31 +118,22 @@ def train_args(quick: bool, threads: int) -> list[str]:
     return [arg for s in settings for arg in ("--set", s)]
 
 
-def _steps_logged(metrics: Path) -> set[int]:
-    """The training steps ``metrics.jsonl`` has a line for so far."""
+def _steps_logged(run: Path) -> set[int]:
+    """The training steps ``run``'s metrics have a line for so far (a line being written is
+    skipped; no file yet, no steps)."""
     try:
-        lines = metrics.read_text(encoding="utf-8").splitlines()
-    except OSError:
+        return {r["step"] for r in read_metrics(run).get("train", [])}
+    except Seq2SeqError:
         return set()
-    steps = set()
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if record.get("kind") == "train":
-            steps.add(record["step"])
-    return steps
 
 
-def _ready_rss(metrics: Path, step: int) -> float:
+def _ready_rss(run: Path, step: int) -> float:
     """The peak RSS the trainer logged before its first step, from the segment that started
     at ``step``: corpus, tokenizer, store, model and optimizer, no training step yet."""
-    for line in reversed(metrics.read_text(encoding="utf-8").splitlines()):
-        record = json.loads(line)
-        if record["kind"] == "start" and record["step"] == step:
+    for record in reversed(read_metrics(run).get("start", [])):
+        if record["step"] == step:
             return record["peak_rss_mb"]
-    raise SystemExit(f"{metrics}: no start line at step {step}")
+    raise SystemExit(f"{run}: no start line at step {step} in its metrics")
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -168,7 +161,7 @@ def timed_train(argv: list[str], run: Path, first_step: int) -> dict:
         while True:
             cpu = _cpu_seconds(proc.pid)  # before wait4 reaps the process
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            for step in _steps_logged(run / "metrics.jsonl"):
+            for step in _steps_logged(run):
                 seen.setdefault(step, (time.monotonic(), cpu))
             if pid:
                 break
@@ -182,7 +175,7 @@ def timed_train(argv: list[str], run: Path, first_step: int) -> dict:
     span = seen[steps[-1]][0] - seen[steps[0]][0]
     return {
         "peak_rss_mb": usage.ru_maxrss / 1024,  # kilobytes on Linux
-        "ready_rss_mb": _ready_rss(run / "metrics.jsonl", first_step - 1),
+        "ready_rss_mb": _ready_rss(run, first_step - 1),
         "first_step_s": seen[first_step][0] - started,
         "first_step_cpu_s": seen[first_step][1],
         "steps_per_s": (len(steps) - 1) / span if span > 0 else None,

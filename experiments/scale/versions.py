@@ -29,7 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.runlog import machine  # noqa: E402
+from seq2seq.curves import read_metrics  # noqa: E402
+from seq2seq.runlog import git_commit, machine  # noqa: E402
 
 sys.path.insert(0, str(REPO / "experiments"))
 from common import QUICK_MODEL  # noqa: E402
@@ -64,8 +65,7 @@ def train_once(
     )
     if done.returncode != 0:
         raise SystemExit(f"{code}: seq2seq train failed:\n{done.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if r["kind"] == "train"]
+    trained = read_metrics(run).get("train", [])
     if len(trained) < 2:
         raise SystemExit(f"{code}: fewer than two training log lines; raise --steps")
     rate = statistics.median(r["tokens_per_s"] for r in trained[1:])
@@ -120,7 +120,7 @@ def main() -> None:
         "ratios": ratios,
         "steps": args.steps,
         "settings": settings,
-        "checkouts": {name: _commit(code) for name, code in sides.items()},
+        "checkouts": {name: git_commit(code) for name, code in sides.items()},
         "after_env": after_env,
         "machine": machine(),
         "command": [Path(sys.argv[0]).as_posix(), *sys.argv[1:]],
@@ -132,13 +132,6 @@ def main() -> None:
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-
-
-def _commit(code: Path) -> str | None:
-    done = subprocess.run(
-        ["git", "-C", str(code), "rev-parse", "HEAD"], capture_output=True, text=True
-    )
-    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":
