@@ -383,7 +383,7 @@ HOSTILE = {
         "model.d_model",
     ),
     "config python tag": (
-        edit_config("dropout: 0.1", "dropout: !!python/object/apply:os.getpid []"),
+        edit_config("ban_eos: false", "ban_eos: !!python/object/apply:os.getpid []"),
         "not valid YAML",
     ),
     "config not a mapping": (
