@@ -105,11 +105,14 @@ def write_record(
     test: dict[str, float] | None = None,
     recipe: str = "base",
     lr: float = 0.002,
+    cpus: tuple[str, ...] = ("Test CPU",),
 ) -> Path:
     """A record like ``collect`` writes: ``test`` = greedy BLEU, beam 5 BLEU, literature
-    scale and chrF, or no test scores."""
+    scale and chrF, or no test scores; trained in one segment per CPU of ``cpus``."""
     out = results / name
     out.mkdir(parents=True)
+    segments = [{"cpu": cpu, "device": "cpu", "threads": 2, "precision": "fp32"} for cpu in cpus]
+    (out / "environment.json").write_text(json.dumps({"segments": segments}))
     config = {"data": {"src": "de", "tgt": "en"}, "train": {"seed": seed, "lr": lr}}
     (out / "config.yaml").write_text(yaml.safe_dump(config))
     rows = [
@@ -184,6 +187,19 @@ def tuning_or_compact(results: Path) -> str:
     page = results / "README.md"
     page.write_text(f"intro\n{START}\nold\n{END}\nrest\n")
     return rendered(results, results / "results.md", [page])[page]
+
+
+def test_each_seed_says_what_trained_it(tmp_path):
+    """Seeds of one recipe may run on different machines: a time budget then trains a
+    different number of steps, so each seed's column, and the tuning row, name the machines."""
+    test = {"greedy": 39.0, "beam": 40.0, "literature": 41.0, "chrf": 60.0}
+    write_record(tmp_path, "base-s1", 1, 40.0, test, cpus=("CPU A",))
+    write_record(tmp_path, "base-s2", 2, 41.0, test, cpus=("CPU B", "CPU B", "CPU A"))
+    records = load_records(tmp_path)
+    machine_a, machine_b = "CPU A, fp32, 2 threads", "CPU B, fp32, 2 threads"
+    page = results_page(records)
+    assert f"| trained on |  | {machine_a} | {machine_b} + {machine_a} |" in page
+    assert f"| {machine_a}; {machine_b} + {machine_a} |" in tuning_table(records.trainings)
 
 
 def test_the_tuning_table_never_shows_a_test_score(tmp_path):

@@ -51,6 +51,7 @@ class Training:
     valid_bleu: float  # of the scored weights
     valid_loss: float  # at the last validation
     by_epoch: dict[str, float]  # validation BLEU: "1", "2", … (first after each epoch), "end"
+    machine: str = ""  # "AMD EPYC, bf16 autocast, 2 threads": what trained it, each segment
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,21 @@ def load_training(folder: Path) -> Training:
         valid_bleu=r["valid_bleu"],
         valid_loss=valid[-1]["loss"],
         by_epoch=by_epoch,
+        machine=_machine(folder),
     )
+
+
+def _machine(folder: Path) -> str:
+    """The CPU (or device), precision and threads each segment of training ran with, once
+    each: seeds of one recipe may run on different machines, and a time budget trains as many
+    steps as the machine affords."""
+    segments = read_json(folder / "environment.json").get("segments", [])
+    seen = {
+        f"{s.get('cpu') if s.get('device') == 'cpu' else s.get('device')}, {s.get('precision')}, "
+        f"{s.get('threads')} thread{'s' if s.get('threads') != 1 else ''}": None
+        for s in segments
+    }
+    return " + ".join(seen)
 
 
 def _metrics(folder: Path) -> list[dict[str, Any]]:

@@ -95,6 +95,7 @@ def results_table(runs: list[Tested]) -> str:
     seed's value."""
     n = len(runs)
     rows = [_figure_row(m.label, m.digits, [m.value(t) for t in runs]) for m in METRICS.values()]
+    rows.append(["trained on", "", *(t.training.machine for t in runs)])
     rows.append(["scored weights", "", *(t.training.weights for t in runs)])
     scored = [t.training.valid_bleu for t in runs]
     rows.append(_figure_row("validation BLEU of the scored weights", 2, scored))
@@ -156,7 +157,7 @@ def _goal_verdict(found: list[float], goal: float, min_seeds: int) -> str:
 def tuning_table(trainings: list[Training]) -> str:
     """Every recipe tried, by direction and then validation BLEU (best first): validation
     BLEU of the scored weights and loss at the end (mean ± sd over seeds), epochs, steps,
-    minutes. Given ``Training`` facts only: no test score can reach it."""
+    minutes, the machines. Given ``Training`` facts only: no test score can reach it."""
     if not trainings:
         return "No run records yet."
     rows = []
@@ -165,8 +166,8 @@ def tuning_table(trainings: list[Training]) -> str:
         rows.append((direction, -statistics.mean(bleu), recipe, runs, bleu))
     lines = [
         "| direction | recipe | seeds | budget | validation BLEU | validation loss at the end "
-        "| epochs | steps | minutes |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| epochs | steps | minutes | trained on |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for direction, _, recipe, runs, bleu in sorted(rows, key=lambda r: r[:3]):
         epochs = [t.epochs for t in runs if t.epochs is not None]
@@ -176,6 +177,7 @@ def tuning_table(trainings: list[Training]) -> str:
             mean_sd(epochs, 1),
             mean_sd([t.steps for t in runs], 0),
             mean_sd([t.minutes for t in runs], 1),
+            "; ".join(dict.fromkeys(t.machine for t in runs)),
         ]
         seeds = ", ".join(str(t.seed) for t in runs)
         budgets = ", ".join(sorted({t.budget for t in runs}))
