@@ -34,7 +34,7 @@ from seq2seq.compiling import (
     setting_of,
     wants_compile,
 )
-from seq2seq.config import Config
+from seq2seq.config import Config, fit_dropout
 from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
@@ -140,6 +140,8 @@ class Trainer:
         self.data = prepare_data(config, run_dir, runtime, resume)
         config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
         config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
+        # On resume the saved config already holds the dropout this rule chose.
+        notes = [] if resume else fit_dropout(config.model, self.data.summary["pairs"]["train"])
         self.dtype = autocast_dtype(t.precision, device)
         if runtime.main:
             checkpoint.save_config(run_dir, config)
@@ -179,6 +181,8 @@ class Trainer:
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self.resumed = resume
+        for note in notes:
+            self.say(note)
         self.say(self.describe(resume))
         self.say(config.train.budgets())
 

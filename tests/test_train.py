@@ -446,6 +446,36 @@ def test_resume_keeps_the_recipe_and_takes_only_the_budgets(tmp_path):
     assert (saved["train"]["lr"], saved["train"]["seed"]) == (0.003, 1)  # recipe from the run
 
 
+def test_dropout_at_its_default_is_lowered_on_a_large_corpus_and_kept_on_resume(
+    tmp_path, monkeypatch, capsys
+):
+    from seq2seq import config as config_module
+
+    default, lowered = config_module.ModelConfig.dropout, config_module.LARGE_CORPUS_DROPOUT
+    assert default != lowered
+
+    def run(name: str, small_corpus: int, **changes: object) -> tuple[float, str]:
+        """Train (or resume) with ``SMALL_CORPUS`` set; the saved dropout and what was said."""
+        monkeypatch.setattr(config_module, "SMALL_CORPUS", small_corpus)
+        resume = (tmp_path / name).exists()
+        steps = 3 if resume else 2
+        config = tiny_config(train__max_steps=steps, **changes)
+        train(config, tmp_path / name, resume=resume, progress=False)
+        return checkpoint.load_config_file(tmp_path / name).model.dropout, capsys.readouterr().err
+
+    # The sample corpus's 40 pairs are a large corpus over a limit of 39, not at one of 40.
+    dropout, said = run("large", 39, model__dropout=default)
+    assert dropout == lowered
+    assert f"note: model.dropout {lowered}, not {default}: 40 training pairs (over 39)" in said
+    dropout, said = run("small", 40, model__dropout=default)
+    assert dropout == default and "model.dropout" not in said
+    dropout, said = run("chosen", 39, model__dropout=0.2)  # one the user chose stays
+    assert dropout == 0.2 and "model.dropout" not in said
+    # A resumed run keeps the dropout it began with, though the rule would now say otherwise.
+    dropout, said = run("small", 39)
+    assert dropout == default and "model.dropout" not in said
+
+
 def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, capsys):
     from seq2seq.cli import main
 
