@@ -65,7 +65,7 @@ def fit_dropout(model: ModelConfig, train_pairs: int) -> list[str]:
         return []
     model.dropout = LARGE_CORPUS_DROPOUT
     return [
-        f"note: model.dropout {LARGE_CORPUS_DROPOUT}, not {ModelConfig.dropout}: {train_pairs:,} "
+        f"model.dropout {LARGE_CORPUS_DROPOUT}, not {ModelConfig.dropout}: {train_pairs:,} "
         f"training pairs (over {SMALL_CORPUS:,}) leave little overfitting to fight; "
         "--set model.dropout=... chooses"
     ]

@@ -181,8 +181,8 @@ class Trainer:
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self.resumed = resume
-        for note in notes:
-            self.say(note)
+        for note in notes:  # as prepare_data says the data's
+            self.say(f"note: {note}")
         self.say(self.describe(resume))
         self.say(config.train.budgets())
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))  # experiments/ is run from the repository root
 from experiments.records import RecordError  # noqa: E402
 from experiments.records import collect as collect_module  # noqa: E402
 from experiments.records.__main__ import main  # noqa: E402
-from experiments.records.load import load_training, read_text  # noqa: E402
+from experiments.records.load import load_training, metrics_rows, read_text  # noqa: E402
 from experiments.records.render import (  # noqa: E402
     END,
     START,
@@ -297,3 +297,31 @@ def test_decode_benchmark_records_become_a_speed_table(tmp_path):
 
 def test_the_committed_results_page_is_the_render_of_the_committed_records(capsys):
     assert main(["render", "--check"]) == 0, capsys.readouterr().out
+
+
+# Figures docs/training.md's prose quotes from committed records, each with the step it names
+# (None: the last validation) and the digits it prints: the prose is not rendered, so this keeps
+# it to its records.
+QUOTED = {
+    "docs/training.md": [
+        ("alone-deen-s1", 2380, "loss", 3),
+        ("alone-deen-s1", None, "loss", 3),
+        ("sweep-deen-do0.3-4900", None, "loss", 3),
+        ("alone-deen-s1", 1428, "bleu", 2),
+        ("sweep-deen-do0.3-4900", 1428, "bleu", 2),
+    ],
+}
+
+
+@pytest.mark.parametrize("page", sorted(QUOTED))
+def test_figures_the_docs_quote_are_in_their_records(page):
+    text = " ".join((REPO / page).read_text(encoding="utf-8").split())
+    for name, step, metric, digits in QUOTED[page]:
+        assert f"`{name}`" in text, f"{page} no longer names record {name}"
+        valid = [
+            r for r in metrics_rows(REPO / "experiments/results" / name) if r["kind"] == "valid"
+        ]
+        row = valid[-1] if step is None else next(r for r in valid if r["step"] == step)
+        figure = f"{row[metric]:.{digits}f}"
+        assert figure in text, f"{page}: {name}'s {metric} at step {row['step']} is {figure}"
+        assert f"step {row['step']:,}" in text, f"{page}: no 'step {row['step']:,}'"

@@ -118,7 +118,7 @@ def record_of(folder: Path) -> dict[str, Any]:
 def load_training(folder: Path) -> Training:
     """A record's training and validation facts; its test scores are not read."""
     r = record_of(folder)
-    valid = [row for row in _metrics(folder) if row["kind"] == "valid"]
+    valid = [row for row in metrics_rows(folder) if row["kind"] == "valid"]
     if not valid:
         raise RecordError(f"{folder}/metrics.jsonl: no validation rows")
     if any(key not in row for row in valid for key in ("epoch", "loss", "bleu")):
@@ -150,15 +150,17 @@ def _machine(folder: Path) -> str:
     each: seeds of one recipe may run on different machines, and a time budget trains as many
     steps as the machine affords."""
     segments = read_json(folder / "environment.json").get("segments", [])
-    seen = {
-        f"{s.get('cpu') if s.get('device') == 'cpu' else s.get('device')}, {s.get('precision')}, "
-        f"{s.get('threads')} thread{'s' if s.get('threads') != 1 else ''}": None
-        for s in segments
-    }
-    return " + ".join(seen)
+    return " + ".join(dict.fromkeys(_segment_machine(s) for s in segments))
 
 
-def _metrics(folder: Path) -> list[dict[str, Any]]:
+def _segment_machine(segment: dict[str, Any]) -> str:
+    """``"AMD EPYC, bf16 autocast, 2 threads"``: one segment of ``environment.json``."""
+    device, threads = segment.get("device"), segment.get("threads")
+    where = segment.get("cpu") if device == "cpu" else device
+    return f"{where}, {segment.get('precision')}, {threads} thread{'' if threads == 1 else 's'}"
+
+
+def metrics_rows(folder: Path) -> list[dict[str, Any]]:
     """``metrics.jsonl``'s rows; a step logged twice (a resumed run) counts once, the last."""
     rows: dict[tuple[str, int], dict] = {}
     for n, line in enumerate(read_text(folder / "metrics.jsonl").splitlines(), 1):
