@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -194,3 +195,10 @@ def test_literature_bleu_ignores_case_and_quote_style_but_not_words():
     ]
     other = ["er sagt: „Hallo.“", "ein Hund läuft über die Straße."]
     assert literature_bleu(other, refs, "de")["bleu_lc_norm_tok"] < 100.0
+
+
+def test_literature_bleu_does_not_warn_that_its_tokenized_text_looks_tokenized(caplog):
+    lines = [f"Hund {i} läuft über die Wiese." for i in range(120)]  # each ends " ." once tokenized
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        assert literature_bleu(lines, lines, "de")["bleu_lc_norm_tok"] == 100.0
+    assert "detokenize" not in caplog.text

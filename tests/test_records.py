@@ -261,7 +261,7 @@ def test_the_markers_take_the_compact_table_and_check_finds_stale_files(tmp_path
     three_seeds(tmp_path)
     text = tuning_or_compact(tmp_path)
     assert text.startswith(f"intro\n{START}\n") and text.endswith(f"{END}\nrest\n")
-    assert "| de→en | base | 3 | 39.00 ± 1.00 | 40.00 ± 1.00 | 41.50 ± 0.00 |" in text
+    assert "| de→en | base | 3 | 25 ± 0 | 39.00 ± 1.00 | 40.00 ± 1.00 | 41.50 ± 0.00 |" in text
     assert "old" not in text
     plain = tmp_path / "plain.md"
     plain.write_text("no markers\n")
@@ -309,6 +309,8 @@ QUOTED = {
         ("sweep-deen-do0.3-4900", None, "loss", 3),
         ("alone-deen-s1", 1428, "bleu", 2),
         ("sweep-deen-do0.3-4900", 1428, "bleu", 2),
+        ("do0.3-alone-deen-s1", None, "bleu", 2),
+        ("do0.3-alone-deen-s3", None, "bleu", 2),
     ],
 }
 
