@@ -311,6 +311,8 @@ QUOTED = {
         ("sweep-deen-do0.3-4900", 1428, "bleu", 2),
         ("do0.3-alone-deen-s1", None, "bleu", 2),
         ("do0.3-alone-deen-s3", None, "bleu", 2),
+        ("sweep-deen-do0.1-1150", None, "bleu", 2),
+        ("sweep-deen-do0.3-1150", None, "bleu", 2),
     ],
 }
 
