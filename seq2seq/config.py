@@ -39,9 +39,8 @@ class ModelConfig:
     d_ff: int = 1024  # the usual 4 * d_model
     n_enc_layers: int = 3
     n_dec_layers: int = 3
-    dropout: float = 0.3  # residual and embedding dropout: 0.3 beat 0.1 on Multi30k's validation
-    # at 2,900 and 4,900 steps, both directions (docs/results.md); a corpus over SMALL_CORPUS
-    # pairs gets LARGE_CORPUS_DROPOUT when this is left at its default (fit_dropout)
+    dropout: float = 0.3  # residual and embedding dropout at full strength; a run left at the
+    # defaults starts lower and reaches it as the corpus is seen more often (train.early_dropout)
     attn_dropout: float = 0.0  # dropout on attention weights; 0 keeps the fused kernel
     activation_dropout: float = 0.0  # inside the FFN (fairseq's default 0): the widest tensor,
     # and on CPU dropout's random numbers cost as much as a matmul of the same size
@@ -49,26 +48,6 @@ class ModelConfig:
     share_embeddings: bool = True  # source + target embeddings one matrix (joint vocab)
     tie_output: bool = True  # output projection = target embedding (Press & Wolf 2017)
     d_latent: int | None = None  # set to use MLA-style latent K/V in self-attention
-
-
-# 30 minutes on 2 cores train 2,600-4,900 steps of ~120 pairs, 0.3M-0.6M pairs in all: a corpus
-# over 50,000 pairs is seen under 12 times, where dropout 0.1 learned faster on Multi30k and 0.3
-# had no overfitting yet to fight (docs/training.md, "Dropout and the corpus").
-SMALL_CORPUS = 50_000
-LARGE_CORPUS_DROPOUT = 0.1
-
-
-def fit_dropout(model: ModelConfig, train_pairs: int) -> list[str]:
-    """``model.dropout`` left at its default becomes ``LARGE_CORPUS_DROPOUT`` for a corpus of
-    over ``SMALL_CORPUS`` training pairs, with a note that says so (as the vocabulary is sized)."""
-    if model.dropout != ModelConfig.dropout or train_pairs <= SMALL_CORPUS:
-        return []
-    model.dropout = LARGE_CORPUS_DROPOUT
-    return [
-        f"model.dropout {LARGE_CORPUS_DROPOUT}, not {ModelConfig.dropout}: {train_pairs:,} "
-        f"training pairs (over {SMALL_CORPUS:,}) leave little overfitting to fight; "
-        "--set model.dropout=... chooses"
-    ]
 
 
 @dataclass
@@ -97,6 +76,14 @@ class TrainConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    # "Late dropout": model.dropout is reached as the corpus is seen more often. Until epoch
+    # dropout_epochs[0] the residual and embedding dropout is early_dropout, then it rises
+    # linearly to model.dropout at epoch dropout_epochs[1]: a function of the step alone (the
+    # same on every machine, exact on --resume). Little dropout learns fastest while the corpus
+    # is new; more fights the overfitting that comes with repeated epochs (docs/training.md).
+    # None = model.dropout from the first step; setting model.dropout alone means that too.
+    early_dropout: float | None = 0.1
+    dropout_epochs: tuple[float, float] = (5.0, 10.0)
     clip_norm: float = 1.0
     accum_steps: int = 1  # gradient accumulation: effective batch = accum_steps * max_tokens
     max_epochs: int = 100
@@ -272,11 +259,34 @@ def budget_rule(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def dropout_rule(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``train.early_dropout: None`` added when they set ``model.dropout`` but
+    say nothing of its schedule: a dropout you give is the dropout you get, from the first step."""
+    model, train = values.get("model"), values.get("train")
+    given = isinstance(model, dict) and "dropout" in model
+    if given and not (isinstance(train, dict) and "early_dropout" in train):
+        return {**values, "train": {**(train or {}), "early_dropout": None}}
+    return values
+
+
+def dropout_at(config: Config, epochs: float) -> float:
+    """The residual and embedding dropout after ``epochs`` passes over the corpus (fractional)."""
+    full, early = config.model.dropout, config.train.early_dropout
+    if early is None:
+        return full
+    start, end = config.train.dropout_epochs
+    if epochs <= start:
+        return early
+    if epochs >= end:
+        return full
+    return early + (full - early) * (epochs - start) / (end - start)
+
+
 def config_from_dict(values: dict[str, Any]) -> Config:
     config = Config()
     if not isinstance(values, dict):
         raise Seq2SeqError("config: the top level must be a mapping of sections")
-    _update(config, budget_rule(values), "")
+    _update(config, dropout_rule(budget_rule(values)), "")
     validate(config)
     return config
 
@@ -384,6 +394,14 @@ def validate(config: Config) -> None:
             "model dropouts must be in [0, 1)",
         ),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
+        (
+            t.early_dropout is None or 0.0 <= t.early_dropout < 1.0,
+            "train.early_dropout must be in [0, 1) or null (model.dropout throughout)",
+        ),
+        (
+            0 <= t.dropout_epochs[0] <= t.dropout_epochs[1],
+            "train.dropout_epochs must be two epochs, 0 <= from <= to",
+        ),
         (
             0 < t.lr <= 10 and t.warmup_steps >= 0,
             "train.lr must be in (0, 10] and train.warmup_steps >= 0",

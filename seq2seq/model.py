@@ -65,6 +65,11 @@ class Seq2Seq(nn.Module):
             with torch.no_grad():
                 emb.weight[PAD_ID].zero_()
 
+    def set_dropout(self, p: float) -> None:
+        """The residual and embedding dropout (``model.dropout``); the trainer's schedule moves it."""
+        for module in (self.src_embed, self.tgt_embed, *self.encoder_layers, *self.decoder_layers):
+            module.dropout.p = p
+
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder_layers))
 

@@ -34,7 +34,7 @@ from seq2seq.compiling import (
     setting_of,
     wants_compile,
 )
-from seq2seq.config import Config, fit_dropout
+from seq2seq.config import Config, dropout_at
 from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
@@ -81,6 +81,18 @@ class TrainState:
             state.patience_best = state.best_bleu
         state.stop_reason = None
         return state
+
+
+def describe_dropout(config: Config) -> str:
+    """The dropout schedule in force, in one line: among a run's first lines."""
+    full, early, (start, end) = (
+        config.model.dropout,
+        config.train.early_dropout,
+        config.train.dropout_epochs,
+    )
+    if early is None or early == full:
+        return f"dropout: {full:g} throughout"
+    return f"dropout: {early:g} until epoch {start:g}, then rising to {full:g} at epoch {end:g}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -140,8 +152,6 @@ class Trainer:
         self.data = prepare_data(config, run_dir, runtime, resume)
         config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
         config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
-        # On resume the saved config already holds the dropout this rule chose.
-        notes = [] if resume else fit_dropout(config.model, self.data.summary["pairs"]["train"])
         self.dtype = autocast_dtype(t.precision, device)
         if runtime.main:
             checkpoint.save_config(run_dir, config)
@@ -181,10 +191,9 @@ class Trainer:
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self.resumed = resume
-        for note in notes:  # as prepare_data says the data's
-            self.say(f"note: {note}")
         self.say(self.describe(resume))
         self.say(config.train.budgets())
+        self.say(describe_dropout(config))
 
     def describe(self, resume: bool) -> str:
         summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
@@ -259,6 +268,7 @@ class Trainer:
         groups = [batches[i : i + per_step] for i in range(s.batch, len(batches), per_step)]
         with Prefetcher(self.my_batches, groups, t.prefetch) as ready:
             for group, mine in zip(groups, ready, strict=False):
+                self.model.set_dropout(dropout_at(self.config, s.epoch + s.batch / len(batches)))
                 try:
                     loss, n_tokens = self.train_step(group, mine)
                 except self.compile_errors as e:  # () unless compiled: then catches nothing
@@ -356,7 +366,14 @@ class Trainer:
                 left = max(0.0, t.max_time * 60 - (time.monotonic() - self.started))
                 postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
             bar.set_postfix(postfix)
-            values = {"loss": loss, "lr": lr, "tokens_per_s": rate, "epoch": s.epoch}
+            dropout = self.model.src_embed.dropout.p
+            values = {
+                "loss": loss,
+                "lr": lr,
+                "dropout": dropout,
+                "tokens_per_s": rate,
+                "epoch": s.epoch,
+            }
             self.log.log("train", s.step, values | peak_memory(self.runtime.device))
             self.tick, self.tick_tokens = time.monotonic(), 0
         if t.validate_every and s.step % t.validate_every == 0:

@@ -66,6 +66,7 @@ def train_sample_run(
                 threads=1,
                 precision=precision,
                 device="cpu",
+                early_dropout=None,  # model.dropout from the first step, as given
             ),
         )
         train(config, run, overwrite=True, progress=False)

@@ -41,7 +41,7 @@ def run_dir(tmp_path_factory):
         data=DataConfig(data="sample", vocab_size=200, max_len=30),
         train=TrainConfig(
             max_steps=60, validate_every=30, warmup_steps=10, attention_sentences=0, threads=1,
-            precision="fp32", device="cpu",
+            precision="fp32", device="cpu", early_dropout=None,
         ),
     )  # fmt: skip
     train(config, run, overwrite=True, progress=False)

@@ -185,3 +185,25 @@ def test_cli_bad_config_file(tmp_path, capsys, content, match):
     assert main(["train", "--out", str(tmp_path / "run"), "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and match in err and err.count("\n") == 1
+
+
+def test_the_default_dropout_rises_with_the_epochs_and_a_given_one_is_kept():
+    from seq2seq.config import dropout_at
+
+    default = load_config()
+    start, end = default.train.dropout_epochs
+    early, full = default.train.early_dropout, default.model.dropout
+    assert early < full and start < end
+    assert dropout_at(default, 0) == dropout_at(default, start) == early
+    assert dropout_at(default, (start + end) / 2) == pytest.approx((early + full) / 2)
+    assert dropout_at(default, end) == dropout_at(default, 10 * end) == full
+    for given in (["model.dropout=0.3"], ["model.dropout=0.2", "train.threads=1"]):
+        config = load_config(None, given)
+        assert config.train.early_dropout is None
+        assert dropout_at(config, 0) == dropout_at(config, 100) == config.model.dropout
+    both = load_config(None, ["model.dropout=0.2", "train.early_dropout=0.0"])
+    assert (dropout_at(both, 0), dropout_at(both, 100)) == (0.0, 0.2)
+    with pytest.raises(Seq2SeqError, match="train.dropout_epochs"):
+        load_config(None, ["train.dropout_epochs=[4,2]"])
+    with pytest.raises(Seq2SeqError, match="train.early_dropout"):
+        load_config(None, ["train.early_dropout=1.5"])

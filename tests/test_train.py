@@ -105,11 +105,13 @@ def test_loss_falls_well_below_the_start(tmp_path):
 
 def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
     total = 26  # crosses two epoch ends (11 batches an epoch)
-    train(tiny_config(train__max_steps=total), tmp_path / "straight", progress=False)
+    # with dropout rising from 0 to 0.3 over epoch 1: the schedule is resumed with the rest
+    ramp = {"model__dropout": 0.3, "train__early_dropout": 0.0, "train__dropout_epochs": "[1,2]"}
+    train(tiny_config(train__max_steps=total, **ramp), tmp_path / "straight", progress=False)
     # Interrupted twice, both times mid-epoch: step 7 of epoch 0 and step 5 of epoch 1.
     for stop, resume in ((7, False), (16, True), (total, True)):
         state = train(
-            tiny_config(train__max_steps=stop),
+            tiny_config(train__max_steps=stop, **ramp),
             tmp_path / "interrupted",
             resume=resume,
             progress=False,
@@ -446,34 +448,23 @@ def test_resume_keeps_the_recipe_and_takes_only_the_budgets(tmp_path):
     assert (saved["train"]["lr"], saved["train"]["seed"]) == (0.003, 1)  # recipe from the run
 
 
-def test_dropout_at_its_default_is_lowered_on_a_large_corpus_and_kept_on_resume(
-    tmp_path, monkeypatch, capsys
-):
-    from seq2seq import config as config_module
+def test_dropout_follows_the_epochs_seen_and_a_given_dropout_is_kept(tmp_path, capsys):
+    ramp = {"model__dropout": 0.3, "train__early_dropout": 0.1, "train__dropout_epochs": "[1,3]"}
+    train(tiny_config(train__max_steps=40, **ramp), tmp_path / "ramp", progress=False)
+    assert "dropout: 0.1 until epoch 1, then rising to 0.3 at epoch 3" in capsys.readouterr().err
+    # Step n trains batch n - 1: with 11 batches an epoch, epoch 1 begins at step 12.
+    dropout = {r["step"]: r["dropout"] for r in read_metrics(tmp_path / "ramp", "train")}
+    assert {dropout[n] for n in range(1, 13)} == {0.1}
+    rising = [dropout[n] for n in range(12, 35)]
+    assert rising == sorted(rising) and len(set(rising)) == len(rising)
+    assert dropout[23] == pytest.approx(0.2)  # batch 0 of epoch 2, halfway up
+    assert {dropout[n] for n in range(34, 41)} == {0.3}
 
-    default, lowered = config_module.ModelConfig.dropout, config_module.LARGE_CORPUS_DROPOUT
-    assert default != lowered
-
-    def run(name: str, small_corpus: int, **changes: object) -> tuple[float, str]:
-        """Train (or resume) with ``SMALL_CORPUS`` set; the saved dropout and what was said."""
-        monkeypatch.setattr(config_module, "SMALL_CORPUS", small_corpus)
-        resume = (tmp_path / name).exists()
-        steps = 3 if resume else 2
-        config = tiny_config(train__max_steps=steps, **changes)
-        train(config, tmp_path / name, resume=resume, progress=False)
-        return checkpoint.load_config_file(tmp_path / name).model.dropout, capsys.readouterr().err
-
-    # The sample corpus's 40 pairs are a large corpus over a limit of 39, not at one of 40.
-    dropout, said = run("large", 39, model__dropout=default)
-    assert dropout == lowered
-    assert f"note: model.dropout {lowered}, not {default}: 40 training pairs (over 39)" in said
-    dropout, said = run("small", 40, model__dropout=default)
-    assert dropout == default and "model.dropout" not in said
-    dropout, said = run("chosen", 39, model__dropout=0.2)  # one the user chose stays
-    assert dropout == 0.2 and "model.dropout" not in said
-    # A resumed run keeps the dropout it began with, though the rule would now say otherwise.
-    dropout, said = run("small", 39)
-    assert dropout == default and "model.dropout" not in said
+    # A dropout given alone (TINY gives 0.1) holds from the first step, on any corpus size.
+    train(tiny_config(train__max_steps=3), tmp_path / "given", progress=False)
+    assert "dropout: 0.1 throughout" in capsys.readouterr().err
+    assert checkpoint.load_config_file(tmp_path / "given").train.early_dropout is None
+    assert {r["dropout"] for r in read_metrics(tmp_path / "given", "train")} == {0.1}
 
 
 def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, capsys):
