@@ -7,7 +7,9 @@ store's manifest, written last, holds the key it was made for (the corpus files'
 modification times, the tokenizer files' sha256, the filters), the validation pairs and
 the data summary. A resumed run whose key still matches reads only the manifest and the
 pairs' lengths: no corpus reading, no tokenizer training; one whose corpus changed encodes it
-again with the run's tokenizer. Rank 0 prepares; every rank reads the same files.
+again with the run's tokenizer, and says whether the pairs came out the same (the resume
+stays exact) or not. Rank 0 prepares; every rank checks that the store it reads was made
+for rank 0's key.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ from seq2seq.config import Config, DataConfig
 from seq2seq.corpora import Corpus, corpus_identity, encode_pairs, open_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.runlog import say
-from seq2seq.runtime import Runtime
-from seq2seq.store import PairStore, ids_dtype, read_manifest, write_manifest, write_pairs
+from seq2seq.runtime import Runtime, agree
+from seq2seq.store import (
+    PairStore,
+    digest,
+    ids_dtype,
+    read_manifest,
+    write_manifest,
+    write_pairs,
+)
 from seq2seq.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
 
 DATA_DIR = "data"  # the store, in the run directory
@@ -59,10 +68,10 @@ class Prepared:
 def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) -> Prepared:
     """The run's data; rank 0 writes the tokenizer (unless resuming) and the store first."""
     directory = run_dir / DATA_DIR
-    if runtime.main:
-        _ensure_store(config, run_dir, resume)
+    key = _ensure_store(config, run_dir, resume) if runtime.main else None
     if runtime.world > 1:
         dist.barrier()  # rank 0 has written the tokenizer and the store
+        key = agree(runtime, key)
     manifest = read_manifest(directory)
     if manifest is None and not runtime.main:  # rank 0 wrote it, but not where this rank looks
         raise Seq2SeqError(
@@ -71,6 +80,12 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
         )
     if manifest is None:
         raise Seq2SeqError(f"{directory} holds no whole prepared corpus")
+    if manifest["key"] != key:  # a stale copy of the run directory, on another machine
+        raise Seq2SeqError(
+            f"rank {runtime.rank} finds in {directory} a corpus prepared for another "
+            f"{_differences(manifest['key'], key)} than rank 0's: every machine of a torchrun "
+            "job must see the same run directory (put --out on a shared filesystem)"
+        )
     summary, valid = manifest["summary"], manifest["valid"]
     if runtime.main:
         for note in summary["notes"]:  # e.g. columns left out, the vocabulary sized to the corpus
@@ -86,22 +101,50 @@ def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) 
     )
 
 
-def _ensure_store(config: Config, run_dir: Path, resume: bool) -> None:
+def _ensure_store(config: Config, run_dir: Path, resume: bool) -> dict[str, Any]:
     """Leave ``RUN/data`` holding the store of this run: kept when resuming with its key
-    unchanged, else written afresh (after training the tokenizer, unless resuming)."""
+    unchanged, else written afresh (after training the tokenizer, unless resuming); its key."""
     d = config.data
+    old = None
     if resume:
         identity = corpus_identity(d.data, d.src, d.tgt, d.test_split, d.columns)
-        manifest = read_manifest(run_dir / DATA_DIR)
-        if manifest is not None and manifest["key"] == _key(config, identity, run_dir):
-            return
+        old = read_manifest(run_dir / DATA_DIR)
+        key = _key(config, identity, run_dir)
+        if old is not None and old["key"] == key:
+            return key
+        if old is not None and "sha256" not in old:  # a store from before stores had one
+            old["sha256"] = digest(run_dir / DATA_DIR, old)
     started = time.monotonic(), time.process_time()
     corpus = open_corpus(
         d.data, d.src, d.tgt, d.test_split, d.carve_valid, d.carve_test, columns=d.columns
     )
     vocab_notes = [] if resume else _train_tokenizer(corpus, d, run_dir)
-    _write_store(config, run_dir, corpus, vocab_notes, started)
+    new = _write_store(config, run_dir, corpus, vocab_notes, started)
     _return_freed_memory()
+    if old is not None:
+        say(f"note: {_encoded_again(old, new)}", run_dir)
+    return new["key"]
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The fields of two store keys that differ, in words."""
+    names = [name for name in new if old.get(name) != new[name]]
+    return ", ".join("corpus files" if n == "corpus" else n for n in names) or "key"
+
+
+def _encoded_again(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """What a resume that encoded its corpus again says: what changed, and whether the
+    training pairs (and so the batches) are the ones the run began with."""
+    said = (
+        f"the {_differences(old['key'], new['key'])} changed since this run's data was prepared; "
+    )
+    said += "encoded again with the run's tokenizer: "
+    if old["sha256"] == new["sha256"]:
+        return said + "the same training pairs, so the resume stays exact"
+    return said + (
+        f"the training pairs differ ({old['pairs']:,} before, {new['pairs']:,} now): "
+        "the resume is no longer exact (the batches follow the new corpus)"
+    )
 
 
 def _return_freed_memory() -> None:
@@ -164,9 +207,9 @@ def _write_store(
     corpus: Corpus,
     vocab_notes: list[str],
     started: tuple[float, float],
-) -> None:
-    """Encode the training pairs into a new store, then publish its manifest; ``started``:
-    the monotonic and process times when preparing began."""
+) -> dict[str, Any]:
+    """Encode the training pairs into a new store, then publish its manifest (returned);
+    ``started``: the monotonic and process times when preparing began."""
     d, directory = config.data, run_dir / DATA_DIR
     tokenizer = Tokenizer.load(run_dir)
     vocab_size = max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)
@@ -202,3 +245,4 @@ def _write_store(
         "prepare_cpu_s": round(time.process_time() - started[1], 2),
     }
     write_manifest(directory, manifest)
+    return manifest

@@ -20,6 +20,7 @@ returns None for it, and the caller writes the store again.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
@@ -50,15 +51,41 @@ def _offsets_file(side: str) -> str:
     return f"{side}_offsets.bin"
 
 
+_FILES = [name(side) for side in SIDES for name in (_ids_file, _offsets_file)]
+
+
+def _canonical(values: np.ndarray) -> bytes:
+    """Ids and offsets as the digest reads them: int64, whatever type the file stores."""
+    return values.astype(np.int64).tobytes()
+
+
+def _combined(hashes: dict[str, Any]) -> str:
+    return hashlib.sha256("".join(hashes[n].hexdigest() for n in _FILES).encode()).hexdigest()
+
+
+def digest(directory: Path, manifest: dict[str, Any]) -> str:
+    """The sha256 of a whole store's pairs (``manifest["sha256"]`` of a store written since
+    there was one), read from its arrays: equal for two stores of the same pairs."""
+    dtypes = {_ids_file(s): np.dtype(manifest["dtype"]) for s in SIDES}
+    hashes = {name: hashlib.sha256() for name in _FILES}
+    for name in _FILES:
+        dtype = dtypes.get(name, np.dtype(np.int64))
+        with open(directory / name, "rb") as f:
+            while chunk := f.read(dtype.itemsize << 20):
+                hashes[name].update(_canonical(np.frombuffer(chunk, dtype)))
+    return _combined(hashes)
+
+
 class PairWriter:
     """Appends encoded pairs to the arrays of a new store (see ``write_pairs``)."""
 
     def __init__(self, files: dict[str, BinaryIO], dtype: np.dtype) -> None:
         self.files, self.dtype = files, dtype
+        self.hashes = {name: hashlib.sha256() for name in _FILES}  # what the pairs are: digest()
         self.n_pairs = 0
         self.n_ids = dict.fromkeys(SIDES, 0)
         for side in SIDES:  # every pair's start, the first one's included
-            files[_offsets_file(side)].write(np.zeros(1, np.int64).tobytes())
+            self._write(_offsets_file(side), np.zeros(1, np.int64))
 
     def append(self, src_ids: Sequence[list[int]], tgt_ids: Sequence[list[int]]) -> None:
         """Add pairs: the source and target ids of each (no BOS/EOS)."""
@@ -67,11 +94,14 @@ class PairWriter:
         for side, ids in zip(SIDES, (src_ids, tgt_ids), strict=True):
             lengths = np.fromiter(map(len, ids), np.int64, len(ids))
             flat = np.fromiter(itertools.chain.from_iterable(ids), self.dtype, int(lengths.sum()))
-            self.files[_ids_file(side)].write(flat.tobytes())
-            ends = self.n_ids[side] + np.cumsum(lengths)
-            self.files[_offsets_file(side)].write(ends.tobytes())
+            self._write(_ids_file(side), flat)
+            self._write(_offsets_file(side), self.n_ids[side] + np.cumsum(lengths))
             self.n_ids[side] += len(flat)
         self.n_pairs += len(src_ids)
+
+    def _write(self, name: str, values: np.ndarray) -> None:
+        self.files[name].write(values.tobytes())
+        self.hashes[name].update(_canonical(values))
 
     def description(self) -> dict[str, Any]:
         """What the arrays hold: the manifest's fields that ``read_manifest`` checks."""
@@ -80,6 +110,7 @@ class PairWriter:
             "pairs": self.n_pairs,
             "dtype": self.dtype.name,
             "ids": self.n_ids,
+            "sha256": _combined(self.hashes),  # the same pairs give the same, any id dtype
         }
 
 
@@ -92,10 +123,9 @@ def write_pairs(directory: Path, dtype: np.dtype) -> Iterator[PairWriter]:
     (directory / MANIFEST).unlink(missing_ok=True)
     shutil.rmtree(directory, ignore_errors=True)  # arrays or temporaries of an earlier store
     directory.mkdir(parents=True)
-    names = [name(side) for side in SIDES for name in (_ids_file, _offsets_file)]
     with contextlib.ExitStack() as stack:
         files = {}
-        for name in names:
+        for name in _FILES:
             tmp = stack.enter_context(atomic_path(directory / name))
             files[name] = stack.enter_context(open(tmp, "wb"))  # closed before its rename
         yield PairWriter(files, dtype)

@@ -5,6 +5,7 @@ run with an unchanged corpus reads none of it."""
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from seq2seq.store import (
     MANIFEST,
     PairStore,
     PairWriter,
+    digest,
     ids_dtype,
     read_manifest,
     write_manifest,
@@ -239,7 +241,7 @@ def test_a_resume_with_the_corpus_unchanged_reads_no_corpus_and_trains_no_tokeni
 
 
 def test_a_resume_after_the_corpus_changed_encodes_it_again_with_the_runs_tokenizer(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capsys
 ):
     corpus = tsv_corpus(tmp_path / "c.tsv", 300)
     run = tmp_path / "run"
@@ -250,6 +252,83 @@ def test_a_resume_after_the_corpus_changed_encodes_it_again_with_the_runs_tokeni
     again = prepare_data(config_for(corpus), run, Runtime(), resume=True)
     assert len(again.train) > len(first.train)
     assert (run / "spm.model").read_bytes() == spm
+    said = capsys.readouterr().err
+    assert "note: the corpus files changed since this run's data was prepared" in said
+    assert "the training pairs differ" in said and "the resume is no longer exact" in said
+
+
+def test_a_resume_whose_corpus_files_were_only_touched_says_it_stays_exact(tmp_path, capsys):
+    corpus = tsv_corpus(tmp_path / "c.tsv", 300)
+    run = tmp_path / "run"
+    first = prepare_data(config_for(corpus), run, Runtime(), resume=False)
+    # A store written before stores kept their digest: the resume computes the old one.
+    manifest = read_manifest(run / DATA_DIR)
+    written = manifest.pop("sha256")
+    write_manifest(run / DATA_DIR, manifest)
+    os.utime(corpus, (1, 1))  # a fresh clone or a copy: new times, the same text
+    capsys.readouterr()
+    again = prepare_data(config_for(corpus), run, Runtime(), resume=True)
+    assert prepared_pairs(again) == prepared_pairs(first)
+    assert read_manifest(run / DATA_DIR)["sha256"] == written
+    assert "the same training pairs, so the resume stays exact" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("vocab", [8000, 70_000])
+def test_a_stores_digest_is_that_of_its_pairs_whatever_the_chunks_or_id_type(tmp_path, vocab):
+    src, tgt = random_pairs(40, 8000)
+    write_store(tmp_path / "a", src, tgt, 8000, chunk=3)
+    write_store(tmp_path / "b", src, tgt, vocab, chunk=40)
+    a, b = read_manifest(tmp_path / "a"), read_manifest(tmp_path / "b")
+    assert a["sha256"] == b["sha256"] == digest(tmp_path / "a", a) == digest(tmp_path / "b", b)
+    write_store(tmp_path / "c", src, [*tgt[:-1], tgt[-1] + [1]], 8000)
+    assert read_manifest(tmp_path / "c")["sha256"] != a["sha256"]
+
+
+STALE_RANK = """
+import sys
+from pathlib import Path
+import torch.distributed as dist
+from seq2seq.config import config_from_dict
+from seq2seq.errors import Seq2SeqError
+from seq2seq.prepare import prepare_data
+from seq2seq.runtime import Runtime
+import json
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+config = config_from_dict(json.loads(sys.argv[1]))
+run = Path(sys.argv[2 + rank])  # rank 1 reads a copy of the run directory: another machine's
+try:
+    prepare_data(config, run, Runtime(rank=rank, world=2), resume=True)
+    print(f"rank {rank}: prepared")
+except Seq2SeqError as e:
+    print(f"rank {rank}: error: {e}")
+dist.destroy_process_group()
+"""
+
+
+def test_every_rank_checks_that_its_store_was_made_for_rank_0s_corpus(tmp_path):
+    corpus = tsv_corpus(tmp_path / "c.tsv", 300)
+    config = config_for(corpus)
+    prepare_data(config, tmp_path / "run", Runtime(), resume=False)
+    shutil.copytree(tmp_path / "run", tmp_path / "stale")
+    tsv_corpus(corpus, 350)  # rank 0's corpus changes; the stale copy keeps the old store
+    script = tmp_path / "stale_rank.py"
+    script.write_text(STALE_RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), json.dumps(config_to_dict(config)),
+            str(tmp_path / "run"), str(tmp_path / "stale"),
+        ],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert "rank 0: prepared" in result.stdout, result.stderr[-2000:]
+    assert (
+        "rank 1: error: rank 1 finds in " in result.stdout
+        and "a corpus prepared for another corpus files than rank 0's" in result.stdout
+    ), result.stdout
 
 
 KILLED_PREPARATION = """
