@@ -1,5 +1,5 @@
-"""What ``pip install .`` gives: every import declared, and a wheel that finds its corpora
-with no checkout at hand."""
+"""What ``pip install .`` gives: every import declared, and a wheel that finds its corpora,
+trains and translates with no checkout at hand."""
 
 from __future__ import annotations
 
@@ -97,7 +97,9 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_a_built_wheel_installed_without_the_checkout_finds_the_default_corpus(tmp_path):
+def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_and_translates(
+    tmp_path,
+):
     pytest.importorskip("setuptools", reason="pip --no-build-isolation builds with setuptools")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     source = _copy_source(tmp_path / "source")
@@ -126,3 +128,29 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_default_corpus(t
     assert str(site / "seq2seq" / "data" / "multi30k") in found["default"]
     assert found["pairs"] == {"train": 29000, "validation": 1014, "test": 1000}
     assert found["sample"] == 40
+
+    # The installed command trains a few steps on the shipped sample corpus, then translates.
+    tiny = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_enc_layers=1"]
+    tiny += ["model.n_dec_layers=1", "data.vocab_size=200", "train.threads=1"]
+    tiny += ["train.attention_sentences=0", "train.valid_bleu_sentences=2"]
+    run = tmp_path / "run"
+    commands = {
+        "train": ["train", "--data", "sample", "--out", str(run), "--max-steps", "3"],
+        "translate": ["translate", str(run), "--verbose", "Ein Hund läuft."],
+    }
+    commands["train"] += ["--no-progress", *(arg for s in tiny for arg in ("--set", s))]
+    done = {}
+    for name, args in commands.items():
+        done[name] = subprocess.run(
+            [sys.executable, "-m", "seq2seq", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+        assert done[name].returncode == 0, done[name].stderr[-2000:]
+    assert "stopped: max_steps 3" in done["train"].stderr
+    assert (run / "model.safetensors").is_file()
+    assert len(done["translate"].stdout.splitlines()) == 1  # one translation for one line
+    assert "line 1: source Tk=" in done["translate"].stderr
