@@ -285,7 +285,7 @@ KINDS = {
 
 def print_profile(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -> None:
     """The operators that take our step's time (torch.profiler, self CPU time), and the
-    shares of the kinds the issue's profile named."""
+    share of each kind in ``KINDS``."""
     from torch.profiler import ProfilerActivity, profile
 
     for batch in warmup:

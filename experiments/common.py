@@ -12,7 +12,6 @@ them. ``run.py --readme-only`` rewrites the README from those files without reru
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -154,10 +153,8 @@ def model_used(run_dir: Path, weights: Path | None = None) -> dict:
     metadata = checkpoint.read_tensors(weights)[1]
     return {
         "run": str(run_dir),
-        "weights_file": weights.relative_to(run_dir).as_posix(),
-        "weights": weights_of(metadata),
+        **checkpoint.weights_identity(run_dir, weights),  # weights_file, weights, sha256
         "valid_bleu": metadata.get("bleu"),
-        "sha256": sha256_of(weights),
         "steps": state["step"],
         "epochs": epochs_trained(state, batches_per_step(run_dir)),
         "minutes": state["elapsed"] / 60,
@@ -166,14 +163,6 @@ def model_used(run_dir: Path, weights: Path | None = None) -> dict:
         "stop": state["stop_reason"],
         "finished": bool(state.get("finished")),
     }
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def batches_per_step(run_dir: Path) -> int:
@@ -196,14 +185,6 @@ def epochs_trained(state: dict, per_step: int) -> float | None:
         return None
     completed_steps = state["step"] - state["batch"] / per_step
     return state["epoch"] * state["step"] / completed_steps
-
-
-def weights_of(metadata: dict) -> str:
-    """'step 1666', or 'average of steps 714–1666' for an averaged best model."""
-    averaged = metadata.get("averaged_steps")
-    if averaged:
-        return f"average of steps {averaged[0]}–{averaged[-1]}"
-    return f"step {metadata['step']}"
 
 
 def budget(t: TrainConfig) -> str:

@@ -13,6 +13,7 @@ ever unpickled. One trainer at a time holds a directory's lock.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -53,9 +54,10 @@ RUN_FILES = (
     "spm_src.model",
     "spm_tgt.model",
 )
-# `seq2seq evaluate`'s hypotheses and scores; `seq2seq average -o NAME.safetensors`, kept in
-# the run because a weights file loads with its run's config and tokenizer: never the new run's.
-RUN_GLOBS = ("hyps.*", "*.safetensors")
+SCORES_GLOB = "hyps.*"  # `seq2seq evaluate`'s hypotheses and scores
+# `seq2seq average -o NAME.safetensors`, kept in the run because a weights file loads with its
+# run's config and tokenizer: never the new run's.
+WEIGHTS_GLOB = "*.safetensors"
 RUN_DIRS = ("attention", "tensorboard", "data", KEPT_DIR)  # data: the tokenized corpus
 # What a resumed run may take from its command line (budgets, stopping, logging, hardware);
 # the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
@@ -127,11 +129,21 @@ def clear_run_dir(run_dir: Path) -> None:
     """Remove what an earlier run wrote into ``run_dir`` (``--overwrite``)."""
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
-    for pattern in RUN_GLOBS:
-        for path in run_dir.glob(pattern):
-            path.unlink(missing_ok=True)
+    clear_scores(run_dir)
+    for path in run_dir.glob(WEIGHTS_GLOB):
+        path.unlink(missing_ok=True)
     for name in RUN_DIRS:
         shutil.rmtree(run_dir / name, ignore_errors=True)
+
+
+def clear_scores(run_dir: Path) -> list[str]:
+    """Remove ``seq2seq evaluate``'s hypotheses and scores from ``run_dir`` (``--overwrite``,
+    and a resume that trains further: the weights they scored are being replaced); returns
+    the names removed."""
+    removed = sorted(run_dir.glob(SCORES_GLOB))
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return [path.name for path in removed]
 
 
 def resume_config(run_dir: Path, given: dict[str, Any]) -> tuple[Config, list[str]]:
@@ -403,6 +415,33 @@ def _average_path(run_dir: Path, out: Path | None) -> Path:
     if out.name in (BEST_FILE, LAST_FILE):
         raise Seq2SeqError(f"-o {out}: that is the run's own {out.name}; name another file")
     return out
+
+
+def describe_weights(metadata: dict[str, Any]) -> str:
+    """What a weights file holds, as its metadata says: 'step 1666', or 'average of steps
+    714–1666' for an average."""
+    averaged = metadata.get("averaged_steps")
+    if averaged:
+        return f"average of steps {averaged[0]}–{averaged[-1]}"
+    return f"step {metadata['step']}" if "step" in metadata else "no step recorded"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def weights_identity(run_dir: Path, weights: Path) -> dict[str, str]:
+    """Which weights a score is of: the file (relative to its run), what it holds and its
+    sha256, which tells weights trained further since, or averaged again, from these."""
+    return {
+        "weights_file": weights.relative_to(run_dir).as_posix(),
+        "weights": describe_weights(read_tensors(weights)[1]),
+        "sha256": sha256_of(weights),
+    }
 
 
 def split_run_path(path: str | Path) -> tuple[Path, Path | None]:

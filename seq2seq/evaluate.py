@@ -25,7 +25,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
-from seq2seq.checkpoint import split_run_path
+from seq2seq.checkpoint import BEST_FILE, sha256_of, split_run_path, weights_identity
 from seq2seq.config import DecodeConfig
 from seq2seq.corpora import open_corpus
 from seq2seq.errors import Seq2SeqError
@@ -92,11 +92,19 @@ def evaluate_split(
     Hypotheses go to ``hyp_file`` (default ``RUN_DIR/hyps.{split}.{tgt}.txt``, with
     ``.beam{K}`` before the suffix for a beam search), one line
     per scored pair, and the returned scores as JSON beside it (``.json`` in place of the
-    suffix). ``progress``: a bar on stderr while decoding, when stderr is a terminal.
+    suffix). The scores name the weights they are of (``weights_identity``: file, step or
+    average, sha256), which ``experiments.records collect`` checks against the run's.
+    ``progress``: a bar on stderr while decoding, when stderr is a terminal.
     """
     if tokenize is not None:
         _check_tokenize(tokenize)  # before the model loads
+    home, weights = split_run_path(run_dir)  # other weights than the run's: their own file
+    scored = weights or home / BEST_FILE
+    digest = sha256_of(scored) if scored.is_file() else None  # else load_run says what is amiss
     translator = Translator.from_run(run_dir, device)
+    identity = weights_identity(home, scored)
+    if identity["sha256"] != digest:  # a training still running replaced them
+        raise Seq2SeqError(f"{scored} changed while it loaded; evaluate it again")
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
     tokenize = tokenize or bleu_tokenize(tgt)
@@ -122,13 +130,13 @@ def evaluate_split(
     refs = [t for _, t in pairs]
 
     scores = {**score(hyps, refs, tokenize), **literature_bleu(hyps, refs, tgt)}
-    home, weights = split_run_path(run_dir)  # other weights than the run's: their own file
     search = f".beam{decode.beam}" if decode.beam > 1 else ""  # greedy and beam side by side
     default = f"hyps.{split}.{tgt}{search}" + (f".{weights.stem}" if weights else "") + ".txt"
     hyp_path = Path(hyp_file) if hyp_file else home / default
     scores_path = _scores_path(hyp_path)
     report = {
         "run": str(run_dir),
+        **identity,
         "data": corpus.source_description,
         "split": split,
         "sentences": len(pairs),

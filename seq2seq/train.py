@@ -34,7 +34,7 @@ from seq2seq.compiling import (
     setting_of,
     wants_compile,
 )
-from seq2seq.config import Config, dropout_at
+from seq2seq.config import Config, TrainConfig, dropout_at
 from seq2seq.curves import update_run_curves
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
@@ -111,7 +111,9 @@ def train(
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
 
     With ``resume``, the recipe comes from the run's saved config and only the budgets
-    (``checkpoint.RESUME_BUDGETS``) from ``config``.
+    (``checkpoint.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
+    to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
+    scores, which are of the weights it replaces.
     """
     run_dir = Path(run_dir)
     runtime = setup_runtime(config.train.device, config.train.threads)
@@ -130,8 +132,44 @@ def train(
             for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
                 setattr(saved.train, name, getattr(config.train, name))
             config = saved
+            finished = nothing_to_train(run_dir, config.train)
+            if finished:  # said before anything is written: the run stays as it was
+                if runtime.main:
+                    say(already_finished(run_dir, finished.stop_reason))
+                return dataclasses.asdict(finished)
+            removed = checkpoint.clear_scores(run_dir) if runtime.main else []
+            if removed:
+                say(f"removed {', '.join(removed)}: scores of the weights trained further", run_dir)
         trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
         return dataclasses.asdict(trainer.run())
+
+
+def nothing_to_train(run_dir: Path, t: TrainConfig) -> TrainState | None:
+    """The saved state of a finished run that the budgets ``t`` end where it is, its stop
+    reason set; None when there is training left. Read from ``last.safetensors`` alone."""
+    s = TrainState.from_saved(checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1])
+    if not s.finished:
+        return None
+    clock = f"max_time {t.max_time:g} min" if t.max_time and s.elapsed >= t.max_time * 60 else None
+    epochs = f"max_epochs {t.max_epochs}" if s.epoch >= t.max_epochs else None
+    s.stop_reason = spent_budget(s, t) or clock or epochs
+    return s if s.stop_reason else None
+
+
+def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
+    """The budget the counters say is spent (patience, then steps): the same on every rank."""
+    if s.bad_validations >= t.patience:
+        return f"no BLEU improvement in {t.patience} validations"
+    if t.max_steps is not None and s.step >= t.max_steps:
+        return f"max_steps {t.max_steps}"
+    return None
+
+
+def already_finished(run_dir: Path, reason: str) -> str:
+    return (
+        f"the run in {run_dir} is already finished ({reason}); nothing to do "
+        "(a larger budget on the command line trains it further)"
+    )
 
 
 class Trainer:
@@ -221,11 +259,8 @@ class Trainer:
         s.stop_reason = self.check_stop()  # a resumed run may already be over
         if s.stop_reason is None and s.epoch >= t.max_epochs:
             s.stop_reason = f"max_epochs {t.max_epochs}"
-        if self.resumed and s.finished and s.stop_reason:
-            self.say(
-                f"the run in {self.run_dir} is already finished ({s.stop_reason}); nothing to do "
-                "(a larger budget on the command line trains it further)"
-            )
+        if self.resumed and s.finished and s.stop_reason:  # the clock ran out since train() looked
+            self.say(already_finished(self.run_dir, s.stop_reason))
             self.log.close()
             return agree(self.runtime, s)
         s.finished = False
@@ -235,7 +270,7 @@ class Trainer:
                 self.train_epoch()
                 self.save()
             s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
-            if not self.signals.received:
+            if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
                 if s.valid_step != s.step:
                     self.validate(scheduled=False)  # the state the budget ended on is scored
                 if t.average_last >= 2:
@@ -289,9 +324,12 @@ class Trainer:
         bar.close()
         if s.batch >= len(batches):
             s.epoch, s.batch = s.epoch + 1, 0
-            if not t.validate_every and not self.signals.received:
-                self.validate()
+            # Validation is collective under torchrun: decided on the agreed reason, never on
+            # this rank's own signal flag, which another rank may not have yet.
             s.stop_reason = s.stop_reason or self.check_stop()
+            if not t.validate_every and not (s.stop_reason or "").startswith("signal"):
+                self.validate()
+                s.stop_reason = s.stop_reason or self.check_stop()
 
     # -- the steps -----------------------------------------------------------------------
 
@@ -493,29 +531,26 @@ class Trainer:
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also
         updates ``budget_used``, which the learning-rate cool-down reads. Patience and the
-        step budget are the same on every rank; the clock and signals are rank 0's, read
-        only when ``read_clock`` (one broadcast for several processes)."""
+        step budget are the same on every rank; the clock is rank 0's, and a signal any
+        rank's, read only when ``read_clock`` (one exchange for several processes)."""
         s, t = self.state, self.config.train
-        reason = None
-        if s.bad_validations >= t.patience:
-            reason = f"no BLEU improvement in {t.patience} validations"
-        elif t.max_steps is not None and s.step >= t.max_steps:
-            reason = f"max_steps {t.max_steps}"
+        reason = spent_budget(s, t)
         if not t.max_time:
             self.budget_used = s.step / t.max_steps if t.max_steps else 0.0
         if not read_clock:
             return reason
         elapsed, clock = time.monotonic() - self.started, None
-        if self.signals.received:
-            clock = f"signal {self.signals.received}"
-        elif t.max_time and elapsed >= t.max_time * 60:
+        if t.max_time and elapsed >= t.max_time * 60:
             clock = f"max_time {t.max_time:g} min"
         used = elapsed / (t.max_time * 60) if t.max_time else self.budget_used
-        # every rank stops, and cools down, by rank 0's clock; a signal before patience and steps
-        clock, self.budget_used = agree(self.runtime, (clock, used))
-        if clock and (reason is None or clock.startswith("signal")):
-            return clock
-        return reason
+        # every rank stops, and cools down, by rank 0's clock; a signal to any rank (a
+        # scheduler or the OOM killer may signal one) stops them all, before patience and steps
+        seen = gather(self.runtime, (clock, used, self.signals.received))
+        clock, self.budget_used = seen[0][:2]
+        signals = [received for _, _, received in seen if received]
+        if signals:
+            return f"signal {signals[0]}"
+        return reason if reason or not clock else clock
 
     def say(self, message: str) -> None:
         if self.runtime.main:

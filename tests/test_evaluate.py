@@ -16,6 +16,8 @@ import pytest
 from helpers import tiny_run_dir
 from sacrebleu.metrics import BLEU
 
+from seq2seq import translate
+from seq2seq.checkpoint import BEST_FILE, average_run, describe_weights, load_run, read_tensors
 from seq2seq.cli import main
 from seq2seq.config import DecodeConfig
 from seq2seq.corpora import load_corpus
@@ -87,6 +89,35 @@ def test_evaluate_split_library(run_dir, test_pairs, tmp_path):
     assert sum(report["stop_reasons"].values()) == pytest.approx(1.0)
     assert set(report["stop_reasons"]) <= {"eos", "max_len"}
     assert 0 <= report["bleu"] <= 100 and 0 <= report["chrf"] <= 100
+
+
+def test_the_scores_name_the_weights_they_scored(run_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    averaged, _ = average_run(run, last=2)
+    kept = run / "checkpoints" / "step_30.safetensors"
+    for given, file, weights in (
+        (run, "model.safetensors", describe_weights(read_tensors(run / BEST_FILE)[1])),
+        (averaged, "averaged.safetensors", "average of steps 30–60"),
+        (kept, "checkpoints/step_30.safetensors", "step 30"),
+    ):
+        report = evaluate_split(given, split="validation")
+        digest = hashlib.sha256((run / file).read_bytes()).hexdigest()
+        assert (report["weights_file"], report["weights"], report["sha256"]) == (
+            file,
+            weights,
+            digest,
+        )
+        assert json.loads(Path(report["scores_file"]).read_text())["sha256"] == digest
+
+    def replaced_while_loading(*args):  # as a training still running would
+        loaded = load_run(*args)
+        shutil.copyfile(averaged, run / BEST_FILE)
+        return loaded
+
+    monkeypatch.setattr(translate, "load_run", replaced_while_loading)
+    with pytest.raises(Seq2SeqError, match="model.safetensors changed while it loaded"):
+        evaluate_split(run, split="validation")
 
 
 def test_cli_evaluate_missing_data_is_one_line(run_dir, capsys):

@@ -62,6 +62,7 @@ def test_collect_copies_the_evidence_and_no_weights(scored_run, tmp_path, monkey
     assert record["steps"] == 60 and record["budget"] == "30.0 min or 60 steps"
     best = (scored_run / "model.safetensors").read_bytes()
     assert record["sha256"] == hashlib.sha256(best).hexdigest()
+    assert json.loads(read_text(out / "hyps.test.en.json"))["sha256"] == record["sha256"]
     assert record["scores"] == {
         "test": {"greedy": "hyps.test.en.json", "beam 5": "hyps.test.beam5.en.json"},
         "validation": {},
@@ -92,6 +93,27 @@ def test_collect_refuses_in_one_line(scored_run, tmp_path, capsys):
     assert len(errors) == 4 and all(e.startswith("records: error: ") for e in errors)
     assert "train.seed 1" in errors[0] and "exists" in errors[2] and "not finished" in errors[3]
     assert {p.name for p in tmp_path.iterdir()} == {"c", "killed"}  # nothing half-written
+
+
+def test_collect_refuses_scores_of_weights_the_run_no_longer_holds(scored_run, tmp_path, capsys):
+    results = str(tmp_path / "results")
+    trained_further = tmp_path / "further"  # as evaluate, then a resume that replaced the weights
+    shutil.copytree(scored_run, trained_further)
+    tensors, metadata = read_tensors(trained_further / "model.safetensors")
+    write_tensors(trained_further / "model.safetensors", tensors, {**metadata, "step": 90})
+    older = tmp_path / "older"  # scores written before they named their weights
+    shutil.copytree(scored_run, older)
+    report = json.loads((older / "hyps.test.en.json").read_text())
+    del report["sha256"]
+    (older / "hyps.test.en.json").write_text(json.dumps(report))
+    assert main(["--results", results, "collect", str(trained_further), "a"]) == 2
+    assert main(["--results", results, "collect", str(older), "b"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all(e.startswith("records: error: ") for e in errors)
+    assert "hyps.test.beam5.en.json: scores of model.safetensors at step" in errors[0]
+    assert "no longer holds; evaluate again" in errors[0]
+    assert "hyps.test.en.json: names no weights it scored" in errors[1]
+    assert not (tmp_path / "results").exists()
 
 
 # --- render, on records written here -----------------------------------------------------

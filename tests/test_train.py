@@ -7,6 +7,7 @@ epoch 11 batches, so a run can stop mid-epoch and resume from a data position.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -89,6 +90,15 @@ def train_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(run_dir, "train")}
 
 
+def file_digests(folder: Path) -> dict[str, str]:
+    """The sha256 of every file under ``folder``, by relative path."""
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
 def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
@@ -133,18 +143,19 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
 
 
-def test_resuming_a_finished_run_takes_no_extra_step(tmp_path, capsys):
+def test_resuming_a_finished_run_takes_no_extra_step_and_writes_nothing(tmp_path, capsys):
     run = tmp_path / "run"
     averaging = dict(train__validate_every=2, train__keep_last=2, train__average_last=2)
     train(tiny_config(train__max_steps=4, **averaging), run, progress=False)
-    log_before = (run / "train.log").read_text()
-    state = train(tiny_config(train__max_steps=4, **averaging), run, resume=True, progress=False)
+    (run / "hyps.test.en.txt").write_text("scored\n")  # the weights stay, so do their scores
+    before = file_digests(run)
+    # budgets that end the run where it is, some of them new: none is written into config.yaml
+    again = tiny_config(train__max_steps=4, train__patience=7, train__log_every=2, **averaging)
+    state = train(again, run, resume=True, progress=False)
     assert state["step"] == 4 and state["stop_reason"] == "max_steps 4"
-    assert sorted(train_losses(run)) == [1, 2, 3, 4]
-    # nothing redone: one averaging line, no new validation, the run only says it is done
-    assert len(read_metrics(run, "average")) == 1 and len(read_metrics(run, "valid")) == 2
     assert "already finished (max_steps 4); nothing to do" in capsys.readouterr().err
-    assert (run / "train.log").read_text().startswith(log_before)
+    # nothing redone or rewritten: no config, environment segment, log line or metrics row
+    assert file_digests(run) == before
 
 
 def test_a_step_budget_alone_means_no_time_budget_and_cools_down_over_its_steps(tmp_path, capsys):
@@ -424,6 +435,54 @@ def test_torchrun_resume_is_exact(tmp_path):
     assert rank0 == torch.rand(3).tolist() and rank1 != rank0
 
 
+def rank_pid(parent: int, rank: int) -> int | None:
+    """The pid of the torchrun worker of ``rank`` under the launcher ``parent``, if started."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or int((proc / "stat").read_text().split()[3]) != parent:
+                continue
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:
+            return int(proc.name)
+    return None
+
+
+@needs_gloo
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank in /proc")
+def test_torchrun_a_signal_to_one_rank_stops_every_rank_saved_and_resumable(tmp_path):
+    run = tmp_path / "run"
+    config_file = write_tiny_yaml(tmp_path / "tiny.yaml", train__max_steps=100000)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "seq2seq", "train", "--config", str(config_file), "--out", str(run)]
+    proc = subprocess.Popen(
+        [*command, "--no-progress"],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + SUBPROCESS_TIMEOUT_S
+        while not ((run / "metrics.jsonl").is_file() and len(read_metrics(run, "train")) >= 3):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        os.kill(rank_pid(proc.pid, 1), signal.SIGTERM)  # rank 1 alone, not the launcher
+        # an epoch is 11 steps: a rank that validated alone would wait forever at its end
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert err.count("stopped: signal SIGTERM") == 1 and "Traceback" not in err
+    stopped_at = checkpoint.read_tensors(run / checkpoint.LAST_FILE)[1]["step"]
+    resumed = torchrun([*command[5:], "--resume", "--max-steps", str(stopped_at + 2)])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert sorted(train_losses(run)) == list(range(1, stopped_at + 3))
+
+
 def test_cli_train_flags_reach_the_config(tmp_path):
     from seq2seq.cli import main
 
@@ -484,6 +543,9 @@ def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, cap
     assert (saved.max_steps, saved.threads, saved.lr) == (3, 1, 0.003)
     err = capsys.readouterr().err
     assert "note: --resume keeps the run's recipe; ignored: train.lr" in err
+    # as if killed before its end-of-run scoring, so that the resume has something to do
+    tensors, counters = checkpoint.read_tensors(run / checkpoint.LAST_FILE)
+    checkpoint.write_tensors(run / checkpoint.LAST_FILE, tensors, {**counters, "finished": False})
     assert main([*resumed[:-3], "--set", "train.patience=4", "--no-progress"]) == 0
     saved = checkpoint.load_config_file(run).train  # no budget given: every one kept
     assert (saved.max_time, saved.max_steps, saved.patience) == (None, 3, 4)
@@ -502,13 +564,16 @@ def test_a_budget_stops_final_validation_does_not_count_toward_patience(tmp_path
     assert state["bad_validations"] == 1  # step 22 only: step 11 set the reference
 
 
-def test_overwrite_removes_the_old_runs_scored_hypotheses(tmp_path):
+def test_overwrite_and_a_resume_that_trains_further_remove_the_scored_hypotheses(tmp_path, capsys):
     run = tmp_path / "run"
     train(tiny_config(train__max_steps=1), run, progress=False)
-    (run / "hyps.test.txt").write_text("old\n")
-    (run / "hyps.test.scores.json").write_text("{}")
-    train(tiny_config(train__max_steps=1), run, overwrite=True, progress=False)
-    assert not list(run.glob("hyps.*"))
+    for trains_again in (dict(resume=True), dict(overwrite=True)):
+        (run / "hyps.test.txt").write_text("old\n")
+        (run / "hyps.test.scores.json").write_text("{}")
+        train(tiny_config(train__max_steps=2), run, progress=False, **trains_again)
+        assert not list(run.glob("hyps.*")), trains_again
+    err = capsys.readouterr().err
+    assert "removed hyps.test.scores.json, hyps.test.txt: scores of the weights trained" in err
 
 
 def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):

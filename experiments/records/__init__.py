@@ -6,7 +6,8 @@ run's record into ``experiments/results/NAME/``:
 
 - ``config.yaml``, ``metrics.jsonl``, ``environment.json``, ``data_summary.json``;
 - every ``seq2seq evaluate`` output in the run: the scores JSON and the hypotheses
-  (text files over ``GZIP_OVER`` bytes gzipped);
+  (text files over ``GZIP_OVER`` bytes gzipped), each scores file of the weights it names as
+  the run holds them now (their sha256; scores of weights trained further since are refused);
 - ``record.json``: name, recipe label, seed, direction, budget, how far it trained, the
   scored weights (what they are, their validation BLEU, their sha256), and which test and
   validation scores the record holds. Never weights.

@@ -87,9 +87,11 @@ def describe(run_dir: Path, name: str, recipe: str | None, seed: int | None) -> 
 
 def _scores(run_dir: Path, corpus: str, config: Config) -> tuple[dict, list[str]]:
     """The scores files of the run's best weights on its own corpus, by split and search
-    ("greedy", "beam 5"); the names of any others (other weights, corpora or splits)."""
+    ("greedy", "beam 5"); the names of any others (other weights, corpora or splits). Each
+    must be of the weights file it names as the run holds it now."""
     keyed: dict[str, dict[str, str]] = {split: {} for split in SPLITS}
     other = []
+    digests: dict[str, str | None] = {}  # by weights file: hashed once
     for path in sorted(run_dir.glob("hyps.*.json")):
         if not path.with_suffix(".txt").is_file():
             raise RecordError(f"{path}: no hypotheses {path.with_suffix('.txt').name} beside it")
@@ -97,7 +99,11 @@ def _scores(run_dir: Path, corpus: str, config: Config) -> tuple[dict, list[str]
         missing = [k for k in ("run", "data", "split", "search") if k not in report]
         if missing:
             raise RecordError(f"{path}: not a seq2seq evaluate scores file (no {missing[0]})")
-        own = plain(report["data"]) == plain(corpus) and not report["run"].endswith(".safetensors")
+        _check_weights(path, report, run_dir, digests)
+        own = (
+            plain(report["data"]) == plain(corpus)
+            and report["weights_file"] == checkpoint.BEST_FILE
+        )
         if not own or report["split"] not in keyed:
             other.append(path.name)
             continue
@@ -109,6 +115,22 @@ def _scores(run_dir: Path, corpus: str, config: Config) -> tuple[dict, list[str]
             )
         found[label] = path.name
     return keyed, other
+
+
+def _check_weights(path: Path, report: dict, run_dir: Path, digests: dict) -> None:
+    """Refuse scores of weights the run no longer holds: trained further or averaged again
+    since they were scored, or written before scores named their weights."""
+    if any(not isinstance(report.get(k), str) for k in ("weights_file", "weights", "sha256")):
+        raise RecordError(f"{path}: names no weights it scored (an older seq2seq); evaluate again")
+    name = report["weights_file"]
+    if name not in digests:
+        weights = run_dir / name
+        digests[name] = checkpoint.sha256_of(weights) if weights.is_file() else None
+    if digests[name] != report["sha256"]:
+        raise RecordError(
+            f"{path}: scores of {name} at {report['weights']} (sha256 {report['sha256'][:12]}), "
+            f"which {run_dir} no longer holds; evaluate again"
+        )
 
 
 def search_label(search: dict, config: Config) -> str:

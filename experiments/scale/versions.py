@@ -1,8 +1,8 @@
 """Multi30k training speed before and after the store: the whole trainer of two checkouts.
 
-Issue 22 changed the data path (a store read from disk, numpy index batches, a prefetch
-thread, the clock agreed every ``log_every`` steps) and asks that Multi30k training speed
-stay within noise. This trains the default recipe for ``--steps`` steps with each checkout's
+The store changed the data path (the corpus read from disk, numpy index batches, a prefetch
+thread, the clock agreed every ``log_every`` steps), with the goal that Multi30k training
+speed stays within noise. This trains the default recipe for ``--steps`` steps with each checkout's
 ``seq2seq train`` in turn (``PYTHONPATH`` picks the code), alternating which goes first,
 and reads the tokens/s the trainer logged after its first log interval (warm-up left
 out), and its peak RSS where it logs one. Reported: each checkout's median over rounds and the median of the per-round ratios.
