@@ -16,6 +16,10 @@ P(EOS) shows what the ban overrode. That pass decodes apart from the search, in 
 rather than step by step, so the two agree up to rounding; ``tests/test_bf16_paths.py``
 pins them together under bf16, where rounding is coarsest.
 
+Beside the maps, ``seq2seq attention`` records what each source position does to each
+output token (influence by occlusion, ``seq2seq.influence``) and the outputs of any
+interventions on cross-attention (``seq2seq.interventions``), both for JSON and the table.
+
 Rows are target subwords (queries, the EOS step included when the output stopped at EOS),
 columns source subwords (keys, EOS included); with ``words`` both are merged into words
 (``seq2seq.words``). Layers and heads are numbered from 1.
@@ -27,6 +31,7 @@ positions, ``V`` target vocabulary.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +41,8 @@ from seq2seq import explorer, plotting, words
 from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
+from seq2seq.influence import INFLUENCE_NOTE, agreement, occlude
+from seq2seq.interventions import Spec, intervention_record, parse_spec
 from seq2seq.model import padding_mask
 from seq2seq.precision import autocast
 from seq2seq.search import Hypothesis, force_decode, max_output_length, translate_batch
@@ -60,6 +67,8 @@ def attention_report(
     max_len: int | None = None,
     ban_eos: bool = False,
     words: bool = False,
+    influence: bool = True,
+    interventions: Sequence[str] = (),
     fmt: str | None = None,
     out: str | Path | None = None,
     device: str = "auto",
@@ -73,8 +82,10 @@ def attention_report(
     ``ban_eos`` makes every output run to max_len. The format comes from ``fmt``, else
     ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` here. PNG and
     SVG take one sentence; HTML writes one page with a sentence picker, JSON one record
-    per line. Bad input raises ``Seq2SeqError`` with a one-line message, before any file
-    is written.
+    per line. ``influence``: each record holds the occlusion map beside the attention
+    (``seq2seq.influence``); ``interventions``: specs such as "uniform:2" or "mask:3"
+    (``seq2seq.interventions.parse_spec``), each decoded again per sentence. Bad input
+    raises ``Seq2SeqError`` with a one-line message, before any file is written.
 
     Returns a dict: path, format, title, and records (see ``sentence_records``).
     """
@@ -93,7 +104,15 @@ def attention_report(
     model_config = translator.model.config
     layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
     records = sentence_records(
-        translator, sentences, references, beam=beam, max_len=max_len, ban_eos=ban_eos, words=words
+        translator,
+        sentences,
+        references,
+        beam=beam,
+        max_len=max_len,
+        ban_eos=ban_eos,
+        words=words,
+        influence=influence,
+        interventions=interventions,
     )
     title = page_title(records)
     if fmt in ("png", "svg"):
@@ -126,6 +145,8 @@ def sentence_records(
     max_len: int | None = None,
     ban_eos: bool = False,
     words: bool = False,
+    influence: bool = False,
+    interventions: Sequence[str] = (),
 ) -> list[dict]:
     """One record per sentence: what decoding produced, step by step, and its attention.
 
@@ -135,7 +156,12 @@ def sentence_records(
     steps (per step: step, token, prob, top [{token, prob}], p_eos), hypotheses
     ({translation, length, score, normalized_score, stop_reason, chosen}, best first),
     word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
-    caption.
+    caption. With ``influence``: influence (Tq, Tk) array, the occlusion map
+    (``seq2seq.influence``; a target word's row sums its subwords', a source word is
+    hidden whole), most_attended (of the mean over layers and heads), most_influential and
+    agree, per row, and influence_note; else all None. interventions: one dict per spec
+    (``seq2seq.interventions.intervention_record``), source positions numbered as the
+    record's columns.
     """
     if not sentences:
         raise Seq2SeqError("no sentences given")
@@ -153,19 +179,34 @@ def sentence_records(
             )
     if max_len is not None and max_len < 1:
         raise Seq2SeqError(f"--max-len must be at least 1, got {max_len}")
+    specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
     k = beam if beam is not None else translator.config.decode.beam
     overrides = {"max_len_a": 0.0, "max_len_b": max_len} if max_len is not None else {}
     # nbest = beam: every finished hypothesis, which leaves the chosen one as it is
     decode = translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
     refs = references or [None] * len(sentences)
-    records = [_record(translator, s, r, decode) for s, r in zip(sentences, refs, strict=True)]
+    records = [
+        _record(translator, s, r, decode, influence=influence, specs=specs, by_word=words)
+        for s, r in zip(sentences, refs, strict=True)
+    ]
     specials = translator.tokenizer.special_pieces
-    return [_to_words(r, specials) for r in records] if words else records
+    if words:
+        records = [_to_words(r, specials) for r in records]
+    return [_with_agreement(r) for r in records]
 
 
 def _record(
-    translator: Translator, sentence: str, reference: str | None, decode: DecodeConfig
+    translator: Translator,
+    sentence: str,
+    reference: str | None,
+    decode: DecodeConfig,
+    *,
+    influence: bool,
+    specs: list[Spec],
+    by_word: bool,
 ) -> dict:
+    """The record of one sentence at subword level, but ``by_word`` the occlusion and the
+    interventions hide whole source words already (``_to_words`` merges the rest)."""
     tok, model = translator.tokenizer, translator.model
     notes = []
     src_ids = tok.encode(sentence, "src")
@@ -175,6 +216,10 @@ def _record(
         )
         src_ids = src_ids[: translator.max_src_len]
     src = torch.tensor([src_ids + [EOS_ID]], device=translator.device)  # (1, S)
+    src_tokens = tok.pieces(src_ids + [EOS_ID], "src")
+    columns = [[i] for i in range(len(src_tokens))]  # the positions each column hides
+    if by_word:
+        columns = words.word_positions(src_tokens, tok.special_pieces)
     with autocast(translator.device, translator.dtype):
         if reference is None:
             hyps = translate_batch(model, src, decode, need_weights=True)[0]
@@ -189,6 +234,11 @@ def _record(
         chosen = hyps[0]
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
         probs = _step_probs(model, src, tgt_ids)  # (Tq, V)
+        occlusion = occlude(model, src, tgt_ids, columns) if influence else None
+        src_units = words.words_of(src_tokens, tok.special_pieces) if by_word else src_tokens
+        changes = [
+            intervention_record(translator, src, decode, spec, columns, src_units) for spec in specs
+        ]
 
     weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
     max_positions = model.config.max_positions
@@ -213,7 +263,7 @@ def _record(
         "stop_reason": chosen.stop_reason,
         "stop_step": len(tgt_ids),
         "notes": notes,
-        "src_tokens": tok.pieces(src_ids + [EOS_ID], "src"),
+        "src_tokens": src_tokens,
         "tgt_tokens": tok.pieces(tgt_ids, "tgt"),
         "shape": list(weights.shape),
         "weights": weights,
@@ -223,6 +273,12 @@ def _record(
         "step_rows": None,
         "step_weights": None,
         "caption": plotting.CAPTION,
+        "influence": None if occlusion is None else occlusion.influence.cpu().numpy(),
+        "influence_note": None if occlusion is None else INFLUENCE_NOTE,
+        "most_attended": None,
+        "most_influential": None,
+        "agree": None,
+        "interventions": changes,
     }
 
 
@@ -275,6 +331,7 @@ def _to_words(record: dict, specials: frozenset[str]) -> dict:
     ``step_rows[n]`` is the word row step n belongs to, ``step_weights`` (L, H, Tq, Wk) the
     rows each step used with the source merged into words."""
     src, tgt, w = record["src_tokens"], record["tgt_tokens"], record["weights"]
+    influence = record["influence"]
     merged = words.merge_words(w, src, tgt, specials)  # (L, H, Wq, Wk)
     return {
         **record,
@@ -285,13 +342,23 @@ def _to_words(record: dict, specials: frozenset[str]) -> dict:
         "word_level": words.WORDS_NOTE,
         "step_rows": words.word_index(tgt, specials),
         "step_weights": words.merge_source(w, src, specials),
+        # Its source columns are words already: hidden whole (``_record``).
+        "influence": None if influence is None else words.sum_target(influence, tgt, specials),
     }
 
 
+def _with_agreement(record: dict) -> dict:
+    """The record with, per row, its most-attended source column (of the mean over layers
+    and heads) and its most influential one, and whether they agree (``agreement``)."""
+    if record["influence"] is None:
+        return record
+    return {**record, **agreement(record["weights"].mean(axis=(0, 1)), record["influence"])}
+
+
 def json_record(record: dict) -> dict:
-    """The record with its arrays as nested lists, weights rounded to 6 digits."""
+    """The record with its arrays as nested lists, rounded to 6 digits."""
     out = dict(record)
-    for key in ("weights", "step_weights"):
+    for key in ("weights", "step_weights", "influence"):
         if out[key] is not None:
             out[key] = np.round(out[key], 6).tolist()
     return out
@@ -335,8 +402,9 @@ def report_inputs(
 
 
 def format_summary(report: dict, layer: int | str = "all", head: int | str = "mean") -> str:
-    """What ``seq2seq attention`` prints: per sentence its translation and how decoding
-    stopped; for one sentence the per-row numbers of the chosen maps; the file written."""
+    """What ``seq2seq attention`` prints: per sentence its translation, how decoding
+    stopped and each intervention's output; for one sentence the per-row numbers of the
+    chosen maps; the file written."""
     records, lines = report["records"], []
     for n, r in enumerate(records, start=1):
         where = f"[{n}] " if len(records) > 1 else ""
@@ -346,6 +414,15 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
             f"{where}decoding: {r['decoding']}; stop reason: {r['stop_reason']} at step "
             f"{r['stop_step']}{limit}"
         )
+        for c in r["interventions"]:
+            pairs = zip(c["words"], c["changed"], strict=True)
+            marked = " ".join(f"[{w}]" if changed else w for w, changed in pairs)
+            lines.append(f"{where}intervention {c['spec']} (greedy): {marked}")
+            lines.append(
+                f"{where}  length {c['length']}, stop reason {c['stop_reason']}; without it "
+                f"{c['original_length']}, {c['original_stop_reason']}; "
+                f"{sum(c['changed'])} of {len(c['words'])} words changed ([marked])"
+            )
     if len(records) == 1:
         lines.append(format_table(records[0], selected_maps(records[0], layer, head)))
     lines.append(f"wrote {report['path']}")
@@ -353,34 +430,49 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
 
 
 def selected_maps(record: dict, layer: int | str = "all", head: int | str = "mean") -> list[dict]:
-    """Layer, head and per-row numbers of each map ``layer`` and ``head`` select."""
+    """Layer, head and per-row numbers of each map ``layer`` and ``head`` select, with each
+    row's most-attended source column."""
     layers, heads = _selection(layer, head, record["shape"][:2])
     maps = []
     for row in plotting.select_maps(record["weights"], layers, heads):
         for layer_number, head_label, attn in row:
             stats = plotting.attention_stats(attn, record["src_tokens"])
-            maps.append({"layer": layer_number, "head": head_label, **stats})
+            attended = np.asarray(attn).argmax(-1).tolist()
+            maps.append({"layer": layer_number, "head": head_label, **stats, "attended": attended})
     return maps
 
 
 def format_table(record: dict, maps: list[dict]) -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
-    block per map, one line per target position."""
-    tokens = record["tgt_tokens"]
+    block per map, one line per target position. With the record's influence, also the
+    source token the map's row attends to most, the one whose occlusion lowers the row's
+    token most, and whether they are the same position (the mean line: how often)."""
+    tokens, src = record["tgt_tokens"], record["src_tokens"]
+    influential = record.get("most_influential")
     width = max(6, *(len(t) for t in tokens))
+    src_width = max((len(t) for t in src), default=0)
+    a_width, i_width = max(len("attended"), src_width), max(len("influential"), src_width)
     lines = []
     for m in maps:
         lines.append(f"layer {m['layer']}, head {m['head']}")
-        lines.append(f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}")
+        header = f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}"
+        if influential is not None:
+            header += f"  {'attended':<{a_width}}  {'influential':<{i_width}}  same"
+        lines.append(header)
         rows = zip(m["row_entropy"], m["eos_mass"], m["punct_mass"], strict=True)
         for i, (entropy, eos, punct) in enumerate(rows):
-            lines.append(
-                f"  {i:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
-            )
+            line = f"  {i:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
+            if influential is not None:
+                a, b = m["attended"][i], influential[i]
+                same = "yes" if a == b else "no"
+                line += f"  {src[a]:<{a_width}}  {src[b]:<{i_width}}  {same}"
+            lines.append(line)
         mean = (m["mean_entropy"], m["mean_eos_mass"], m["mean_punct_mass"])
-        lines.append(
-            f"  {'':>3}  {'mean':<{width}}  {mean[0]:5.2f}  {mean[1]:5.2f}  {mean[2]:5.2f}"
-        )
+        line = f"  {'':>3}  {'mean':<{width}}  {mean[0]:5.2f}  {mean[1]:5.2f}  {mean[2]:5.2f}"
+        if influential is not None:
+            agree = sum(a == b for a, b in zip(m["attended"], influential, strict=True))
+            line += f"  {'':<{a_width}}  {'':<{i_width}}  {agree}/{len(influential)}"
+        lines.append(line)
     return "\n".join(lines)
 
 

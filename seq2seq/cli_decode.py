@@ -74,11 +74,13 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "decoder's cross-attention of the output it produced (under beam search, the chosen "
         "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
         "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
-        "entropy (bits) and mass on EOS and punctuation (also on stdout). HTML: a self-contained "
+        "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
+        "each row attends to most beside the one whose hiding from cross-attention lowers the "
+        "row's token most: influence by occlusion). HTML: a self-contained "
         "explorer: a step-through of decoding (the token chosen at each step, its probability, "
         "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap, a "
         "line view and a model view, with a sentence picker. JSON: one record per sentence per "
-        "line. Layers, heads and steps are numbered from 1.",
+        "line, with the influence map. Layers, heads and steps are numbered from 1.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("sentence", nargs="?", metavar="SENTENCE", help="source sentence (quote it)")
@@ -132,6 +134,16 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="with -i: one reference per line, teacher-forced",
     )
+    p.add_argument(
+        "--intervene",
+        action="append",
+        default=[],
+        metavar="KIND[:N]",
+        help="decode again (greedy) with cross-attention changed, and show which words "
+        "changed: uniform, permuted or kept (the control) weights in layer N (from 1; "
+        "default: all), or mask:N, source position N (from 1; a word with --words) hidden "
+        "from every layer; repeatable",
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_attention)
 
@@ -155,6 +167,7 @@ def _run_attention(args: argparse.Namespace) -> int:
             max_len=args.max_len,
             ban_eos=args.ban_eos,
             words=args.words,
+            interventions=args.intervene,
             fmt=args.format,
             out=args.output,
             device=args.device,

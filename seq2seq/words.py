@@ -51,6 +51,20 @@ def words_of(tokens: Sequence[str], specials: Collection[str]) -> list[str]:
     return [w.replace(WORD_START, "") or WORD_START for w in words]
 
 
+def word_positions(tokens: Sequence[str], specials: Collection[str]) -> list[list[int]]:
+    """The positions of each word's tokens, word by word.
+
+    >>> word_positions(["▁Ein", "▁Hund", "e", "</s>"], {"</s>"})
+    [[0], [1, 2], [3]]
+    """
+    positions: list[list[int]] = []
+    for i, word in enumerate(word_index(tokens, specials)):
+        if word == len(positions):
+            positions.append([])
+        positions[word].append(i)
+    return positions
+
+
 def _membership(tokens: Sequence[str], specials: Collection[str]) -> np.ndarray:
     """(tokens, words) matrix: 1 where a token belongs to a word."""
     index = word_index(tokens, specials)
@@ -68,6 +82,18 @@ def merge_source(
         weights: (..., Tk) -> (..., Wk)
     """
     return np.asarray(weights, dtype=np.float64) @ _membership(src_tokens, specials)
+
+
+def sum_target(
+    values: np.ndarray, tgt_tokens: Sequence[str], specials: Collection[str]
+) -> np.ndarray:
+    """Sum each target word's rows: a word's log-probability is the sum of its subwords',
+    and so is a change in it.
+
+    Shapes:
+        values: (..., Tq, X) -> (..., Wq, X)
+    """
+    return _membership(tgt_tokens, specials).T @ np.asarray(values, dtype=np.float64)
 
 
 def merge_words(

@@ -19,6 +19,7 @@ from seq2seq.attention_report import (
 from seq2seq.checkpoint import load_run
 from seq2seq.cli import main
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from seq2seq.influence import INFLUENCE_NOTE, occlude
 from seq2seq.plotting import CAPTION, figure_size
 from seq2seq.search import beam_search, greedy_search, max_output_length
 from seq2seq.train import train
@@ -183,6 +184,10 @@ def inputs(tmp_path_factory):
         (["RUN", "-i", "IN", "--reference-file", "ONE", "-o", "a.json"], "1 references for 2"),
         (["RUN", "-i", "/no/such/file", "-o", "a.json"], "-i /no/such/file: No such file"),
         (["RUN", "-i", "MANY", "-o", "a.html"], f"at most {MAX_PAGE_SENTENCES}"),
+        (["RUN", SENTENCE, "--intervene", "flat"], "--intervene flat: unknown kind 'flat'"),
+        (["RUN", SENTENCE, "--intervene", "uniform:3"], "the decoder has layers 1..2"),
+        (["RUN", SENTENCE, "--intervene", "mask"], "name the source position to hide"),
+        (["RUN", SENTENCE, "--intervene", "mask:99"], "--intervene mask:99: the source has"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -286,3 +291,54 @@ def test_words_png_says_how_it_merged_under_the_caption(run_dir, tmp_path):
     assert record["word_level"] == WORDS_NOTE
     width, height = figure_size(1, N_LAYERS, *record["shape"][2:], note=True)
     assert png_size(path) == (math.floor(width * 100), math.floor(height * 100))
+
+
+def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, capsys):
+    record = run_json(run_dir, tmp_path, "--beam", "1")
+    stdout = capsys.readouterr().out
+    n_tq, n_tk = len(record["tgt_tokens"]), len(record["src_tokens"])
+    influence = np.array(record["influence"])
+    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == INFLUENCE_NOTE
+    model, src = source(run_dir)
+    tgt_ids = model_search(run_dir, 1).tokens + [EOS_ID] * (record["stop_reason"] == "eos")
+    expected = occlude(model, src, tgt_ids).influence.numpy()
+    np.testing.assert_allclose(influence, expected, atol=1e-5)
+    mean = np.array(record["weights"]).mean(axis=(0, 1))  # (Tq, Tk)
+    assert record["most_attended"] == mean.argmax(-1).tolist()
+    assert record["most_influential"] == expected.argmax(-1).tolist()
+    agree = np.array(record["most_attended"]) == np.array(record["most_influential"])
+    assert record["agree"] == agree.tolist()
+    # The table: each map's most-attended source token beside the most influential one.
+    assert "  attended  " in stdout and "  influential  same\n" in stdout
+    first = f"  {0:>3}  {record['tgt_tokens'][0]}"
+    row = next(line for line in stdout.splitlines() if line.startswith(first))
+    assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
+
+
+def test_words_influence_hides_whole_source_words(run_dir, tmp_path):
+    record = run_json(run_dir, tmp_path, "--beam", "1", "--words")
+    influence = np.array(record["influence"])
+    assert influence.shape == (len(record["tgt_tokens"]), len(record["src_tokens"]))
+    assert len(record["agree"]) == len(record["tgt_tokens"])
+
+
+def test_interventions_decode_again_beside_the_original(run_dir, tmp_path, capsys):
+    record = run_json(
+        run_dir, tmp_path, "--intervene", "kept", "--intervene", "uniform:2",
+        "--intervene", "mask:1",
+    )  # fmt: skip
+    stdout = capsys.readouterr().out
+    kept, uniform, mask = record["interventions"]
+    assert [c["spec"] for c in record["interventions"]] == ["kept", "uniform:2", "mask:1"]
+    greedy = model_search(run_dir, 1)
+    for c in (kept, uniform, mask):
+        assert c["original_length"] == len(greedy.tokens) and c["decoding"] == "greedy search"
+        assert len(c["words"]) == len(c["changed"]) and len(c["original_words"]) == len(
+            c["removed"]
+        )
+        assert c["stop_reason"] in ("eos", "max_len")
+    assert kept["translation"] == kept["original"] and not any(kept["changed"])
+    assert (kept["layer"], uniform["layer"], mask["layer"]) == (None, 2, None)
+    assert mask["masked"] == 1 and mask["masked_token"] == record["src_tokens"][0]
+    assert "intervention kept (greedy): " in stdout
+    assert f"0 of {len(kept['words'])} words changed" in stdout

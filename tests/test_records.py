@@ -4,8 +4,10 @@ chosen so that each can be found (or must be absent) in the output."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +22,16 @@ sys.path.insert(0, str(REPO))  # experiments/ is run from the repository root
 from experiments.records import RecordError  # noqa: E402
 from experiments.records import collect as collect_module  # noqa: E402
 from experiments.records.__main__ import main  # noqa: E402
-from experiments.records.load import load_training, metrics_rows, read_text  # noqa: E402
+from experiments.records.load import (  # noqa: E402
+    load_training,
+    metrics_rows,
+    plain,
+    read_json,
+    read_text,
+    read_yaml,
+    record_dirs,
+    record_of,
+)
 from experiments.records.render import (  # noqa: E402
     END,
     START,
@@ -31,7 +42,8 @@ from experiments.records.render import (  # noqa: E402
 )
 from experiments.records.tables import tuning_table  # noqa: E402
 from seq2seq.checkpoint import read_tensors, write_tensors  # noqa: E402
-from seq2seq.evaluate import evaluate_split  # noqa: E402
+from seq2seq.corpora import open_corpus  # noqa: E402
+from seq2seq.evaluate import bleu_tokenize, evaluate_split, literature_bleu, score  # noqa: E402
 
 # --- collect, on a real run --------------------------------------------------------------
 
@@ -319,6 +331,73 @@ def test_decode_benchmark_records_become_a_speed_table(tmp_path):
 
 def test_the_committed_results_page_is_the_render_of_the_committed_records(capsys):
     assert main(["render", "--check"]) == 0, capsys.readouterr().out
+
+
+# --- the committed records, cross-checked ----------------------------------------------
+
+COMMITTED = REPO / "experiments" / "results"
+RECORDS = record_dirs(COMMITTED)[0]
+
+
+@pytest.mark.parametrize("folder", RECORDS, ids=lambda folder: folder.name)
+def test_a_committed_record_agrees_with_its_metrics(folder):
+    """How far it trained, and the validation BLEU of the weights it scored, as its
+    ``metrics.jsonl`` logged them: ``collect`` read the record from the run's last state."""
+    record, rows = record_of(folder), metrics_rows(folder)
+    assert record["steps"] == rows[-1]["step"], "steps: not the last step logged"
+    assert record["valid_bleu"] == scored_row(record["weights"], rows)["bleu"], record["weights"]
+
+
+def scored_row(weights: str, rows: list[dict]) -> dict:
+    """The metrics row that validated ``weights``: "step N" or "average of steps A–B"."""
+    if match := re.fullmatch(r"step (\d+)", weights):
+        step = int(match[1])
+        return next(r for r in rows if r["kind"] == "valid" and r["step"] == step)
+    first, last = map(int, re.fullmatch(r"average of steps (\d+)–(\d+)", weights).groups())
+    return next(
+        r
+        for r in rows
+        if r["kind"] == "average" and r["steps"][:: len(r["steps"]) - 1] == [first, last]
+    )
+
+
+TESTED = [
+    (folder, label, scores)
+    for folder in RECORDS
+    for label, scores in record_of(folder)["scores"]["test"].items()
+]
+
+
+@pytest.mark.parametrize(
+    ("folder", "label", "scores"), TESTED, ids=[f"{f.name}-{label}" for f, label, _ in TESTED]
+)
+def test_a_committed_test_score_is_its_hypotheses_scored_again(folder, label, scores):
+    """sacreBLEU over the committed hypotheses against the references, by the functions
+    ``seq2seq evaluate`` scores with, gives every figure the scores file records."""
+    recorded = read_json(folder / scores)
+    hyps = read_text(folder / Path(scores).with_suffix(".txt")).splitlines()
+    data = read_yaml(folder / "config.yaml")["data"]
+    refs = test_references(data["data"], data["src"], data["tgt"], data["test_split"])
+    assert plain(recorded["data"]) == record_of(folder)["data"] and recorded["split"] == "test"
+    assert len(hyps) == len(refs) == recorded["sentences"]
+    tgt = data["tgt"]
+    again = {**score(hyps, refs, bleu_tokenize(tgt)), **literature_bleu(hyps, refs, tgt)}
+    for key in ("bleu", "chrf", "bleu_lowercase", "bleu_lc_norm_tok", "sys_len", "ref_len"):
+        assert again[key] == recorded[key], (
+            f"{scores}: {key} {recorded[key]}, scored again {again[key]}"
+        )
+    for key in ("bleu_signature", "chrf_signature"):  # but the version that computed them
+        assert _unversioned(again[key]) == _unversioned(recorded[key]), key
+
+
+@functools.cache
+def test_references(data: str, src: str, tgt: str, test_split: str | None) -> list[str]:
+    """The references of a corpus's test split, read once per direction."""
+    return [t for _, t in open_corpus(data, src, tgt, test_split).splits["test"]]
+
+
+def _unversioned(signature: str) -> str:
+    return re.sub(r"\|version:[^|]*", "", signature)
 
 
 # Figures docs/training.md's prose quotes from committed records, each with the step it names

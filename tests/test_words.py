@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from seq2seq.words import merge_source, merge_words, word_index, words_of
+from seq2seq.words import (
+    merge_source,
+    merge_words,
+    sum_target,
+    word_index,
+    word_positions,
+    words_of,
+)
 
 SPECIALS = frozenset({"<pad>", "<unk>", "<s>", "</s>"})  # as Tokenizer.special_pieces
 SRC = ["▁Ein", "▁Hund", "e", ".", "</s>"]  # words: Ein | Hunde. | </s>
@@ -45,6 +52,15 @@ def test_merge_by_hand():
     expected = np.array([dogs, [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
     np.testing.assert_allclose(merged[0, 0], expected)
     np.testing.assert_allclose(merged.sum(-1), 1.0)
+
+
+def test_word_positions_and_summed_target_rows_by_hand():
+    assert word_positions(SRC, SPECIALS) == [[0], [1, 2, 3], [4]]
+    assert word_positions([], SPECIALS) == []
+    drops = np.arange(10.0).reshape(5, 2)  # (Tq=5, X=2): e.g. log-prob drops per source word
+    # Dogs = rows 0-2 summed (a word's log-prob is its subwords' sum); run = row 3; </s> = 4.
+    expected = [[0 + 2 + 4, 1 + 3 + 5], [6, 7], [8, 9]]
+    np.testing.assert_allclose(sum_target(drops, TGT, SPECIALS), expected)
 
 
 def test_random_maps_keep_rows_summing_to_one_and_every_shape():

@@ -36,24 +36,23 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import sacrebleu
 import torch
 from matplotlib.figure import Figure
-from torch import Tensor, nn
+from torch import Tensor
 
 from seq2seq import checkpoint
-from seq2seq.attention import MultiHeadAttention, attend
 from seq2seq.batching import batches_of, collate
 from seq2seq.config import DecodeConfig, load_config
-from seq2seq.model import Seq2Seq, padding_mask
+from seq2seq.influence import occlude
+from seq2seq.interventions import replaced
+from seq2seq.model import Seq2Seq
 from seq2seq.plotting import plot_attention
 from seq2seq.search import Hypothesis, force_decode
 from seq2seq.translate import translate_ids
-from seq2seq.vocab import BOS_ID, EOS_ID
+from seq2seq.vocab import EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402
@@ -115,80 +114,6 @@ def parse_args() -> argparse.Namespace:
     if args.quick:
         args.runs = str(args.out / "runs")
     return args
-
-
-# --- counterfactual cross-attention ----------------------------------------------------
-
-
-class ReplacedCrossAttention(nn.Module):
-    """Stands in for a decoder layer's cross-attention at inference: the same projections
-    and cache, but the weights are replaced before the values are read.
-
-    ``uniform``: every non-padding source position weighs 1/S_i. ``permuted``: each row of
-    each head keeps its weights but moves them to a random order of the non-padding
-    positions. ``kept``: the real weights (a control: the wrapper itself changes nothing).
-    Only for one source per query row (greedy search, teacher forcing), right-padded.
-
-    Shapes: as ``MultiHeadAttention``: q (B, Tq, D), k = v (B, S, D) -> (B, Tq, D)
-    """
-
-    def __init__(self, inner: MultiHeadAttention, mode: str, seed: int = 0) -> None:
-        super().__init__()
-        self.inner, self.mode = inner, mode
-        self.generator = torch.Generator().manual_seed(seed)
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        allowed: Tensor | None = None,
-        need_weights: bool = False,
-        cache=None,
-    ) -> tuple[Tensor, Tensor | None]:
-        m = self.inner
-        b, tq, _ = q.shape
-        qh = m.q_proj(q).view(b, tq, m.n_heads, m.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
-        kh, vh = m._split_kv(k, v, cache)  # (B, G, S, Dh)
-        if kh.shape[0] != b:
-            raise ValueError("ReplacedCrossAttention takes one source per query row")
-        _, weights = attend(qh, kh, vh, allowed, need_weights=True)  # (B, H, Tq, S)
-        weights = self.replace(weights, allowed)
-        vh = vh.repeat_interleave(m.n_heads // m.n_kv_heads, dim=1)  # (B, H, S, Dh)
-        out = (weights @ vh).transpose(1, 2).reshape(b, tq, m.d_model)  # (B, Tq, D)
-        return m.out_proj(out), weights if need_weights else None
-
-    def replace(self, weights: Tensor, allowed: Tensor | None) -> Tensor:
-        keep = (
-            torch.ones_like(weights, dtype=torch.bool)
-            if allowed is None
-            else allowed.expand_as(weights)
-        )
-        if self.mode == "kept":
-            return weights
-        if self.mode == "uniform":
-            w = keep.float()
-            return w / w.sum(-1, keepdim=True)
-        s = weights.shape[-1]
-        # Padding sorts last and in place (right padding): only real positions are shuffled.
-        key = torch.where(
-            keep,
-            torch.rand(weights.shape, generator=self.generator),
-            2.0 + torch.arange(s, dtype=weights.dtype),
-        )
-        return weights.gather(-1, key.argsort(-1))
-
-
-@contextmanager
-def replaced(model: Seq2Seq, layers: list[int], mode: str) -> Iterator[None]:
-    saved = {i: model.decoder_layers[i].cross_attn for i in layers}
-    for i in layers:
-        model.decoder_layers[i].cross_attn = ReplacedCrossAttention(saved[i], mode, seed=i)
-    try:
-        yield
-    finally:
-        for i, attn in saved.items():
-            model.decoder_layers[i].cross_attn = attn
 
 
 # --- measurements ----------------------------------------------------------------------
@@ -281,28 +206,17 @@ def attention_vs_sensitivity(model: Seq2Seq, src_ids, out_ids) -> list[dict]:
     agree = torch.zeros(2, n_layers + 1, dtype=torch.float64)  # [all positions, no EOS]
     chance = torch.zeros(2, dtype=torch.float64)
     tokens = 0
-    with torch.inference_mode():
-        for src_list, out in zip(src_ids, out_ids, strict=True):
-            src = collate([src_list], None).src  # (1, S)
-            s = src.shape[1]
-            mask = padding_mask(src)
-            memory = model.encode(src, mask)  # (1, S, D)
-            tgt_in = torch.tensor([[BOS_ID, *out]])  # (1, T)
-            target = torch.tensor([*out, EOS_ID])  # (T,)
-            t = target.shape[0]
-            logits, weights = model.decode(tgt_in, memory, mask, need_weights=True)
-            base = logits[0].softmax(-1)[torch.arange(t), target]  # (T,)
-            att = torch.stack([w[0].mean(0) for w in weights])  # (L, T, S)
-            att = torch.cat([att, att.mean(0, keepdim=True)])  # (L + 1, T, S)
-            # Row j masks source position j in every cross-attention layer.
-            masks = ~torch.eye(s, dtype=torch.bool)[:, None, None, :]  # (S, 1, 1, S)
-            masked, _ = model.decode(tgt_in.expand(s, -1), memory.expand(s, -1, -1), masks)
-            probs = masked.softmax(-1)[:, torch.arange(t), target]  # (S, T)
-            effect = (probs - base).abs()  # (S, T)
-            agree[0] += (att.argmax(-1) == effect.argmax(0)).sum(-1)
-            agree[1] += (att[..., :-1].argmax(-1) == effect[:-1].argmax(0)).sum(-1)
-            chance += torch.tensor([t / s, t / (s - 1)], dtype=torch.float64)
-            tokens += t
+    for src_list, out in zip(src_ids, out_ids, strict=True):
+        src = collate([src_list], None).src  # (1, S)
+        s, t = src.shape[1], len(out) + 1
+        occlusion = occlude(model, src, [*out, EOS_ID])
+        att = torch.stack([w.mean(0) for w in occlusion.attention])  # (L, T, S)
+        att = torch.cat([att, att.mean(0, keepdim=True)])  # (L + 1, T, S)
+        effect = (occlusion.masked_probs - occlusion.probs).abs()  # (S, T)
+        agree[0] += (att.argmax(-1) == effect.argmax(0)).sum(-1)
+        agree[1] += (att[..., :-1].argmax(-1) == effect[:-1].argmax(0)).sum(-1)
+        chance += torch.tensor([t / s, t / (s - 1)], dtype=torch.float64)
+        tokens += t
     names = [str(i + 1) for i in range(n_layers)] + ["mean"]
     agree, chance = (agree / tokens).tolist(), (chance / tokens).tolist()
     return [
