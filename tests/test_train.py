@@ -463,6 +463,7 @@ def test_torchrun_a_signal_to_one_rank_stops_every_rank_saved_and_resumable(tmp_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: the workers too are killed below
     )
     try:
         deadline = time.time() + SUBPROCESS_TIMEOUT_S
@@ -474,7 +475,7 @@ def test_torchrun_a_signal_to_one_rank_stops_every_rank_saved_and_resumable(tmp_
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # a hung job: the launcher and its workers
     assert proc.returncode == 0, err[-3000:]
     assert err.count("stopped: signal SIGTERM") == 1 and "Traceback" not in err
     stopped_at = checkpoint.read_tensors(run / checkpoint.LAST_FILE)[1]["step"]
