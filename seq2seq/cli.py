@@ -67,7 +67,8 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
 
 def _run_data(args: argparse.Namespace) -> int:
     """``seq2seq data``: load the corpus, tokenize it, print (and optionally save) the report."""
-    from seq2seq.corpora import data_report, load_corpus
+    from seq2seq.corpora import load_corpus
+    from seq2seq.data_report import data_report
     from seq2seq.fileio import atomic_write_text
     from seq2seq.tokenizer import Tokenizer
 

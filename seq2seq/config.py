@@ -357,10 +357,22 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 _MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 65536
 
 
+Check = tuple[bool, str]  # a value passes, or the message naming its key
+
+
 def validate(config: Config) -> None:
-    """Reject absurd values with a message naming the key."""
+    """Reject absurd values with a message naming the key: the first check that fails, of the
+    model, training, data and decoding sections in that order."""
     m, t, d = config.model, config.train, config.data
-    checks = [
+    for ok, message in [*_model_checks(m), *_train_checks(t), *_data_checks(d, m)]:
+        if not ok:
+            raise Seq2SeqError(f"config: {message}")
+    config.decode.check()
+
+
+def _model_checks(m: ModelConfig) -> list[Check]:
+    """Shapes that build, within this toolkit's limits."""
+    return [
         (
             m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
             "model.d_model must be a positive multiple of model.n_heads",
@@ -394,6 +406,12 @@ def validate(config: Config) -> None:
             "model dropouts must be in [0, 1)",
         ),
         (m.max_positions >= 2, "model.max_positions must be >= 2"),
+    ]
+
+
+def _train_checks(t: TrainConfig) -> list[Check]:
+    """Rates, budgets, and how and where the trainer runs."""
+    return [
         (
             t.early_dropout is None or 0.0 <= t.early_dropout < 1.0,
             "train.early_dropout must be in [0, 1) or null (model.dropout throughout)",
@@ -433,6 +451,12 @@ def validate(config: Config) -> None:
             t.clip_norm >= 0 and t.max_bad_steps >= 0,
             "train.clip_norm and train.max_bad_steps must be >= 0",
         ),
+    ]
+
+
+def _data_checks(d: DataConfig, m: ModelConfig) -> list[Check]:
+    """The data section, and how it must fit the model's positions."""
+    return [
         (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
@@ -442,7 +466,3 @@ def validate(config: Config) -> None:
             "data.columns must name two different columns, source first, e.g. '1,2' or 'en,fr'",
         ),
     ]
-    for ok, message in checks:
-        if not ok:
-            raise Seq2SeqError(f"config: {message}")
-    config.decode.check()

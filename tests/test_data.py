@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seq2seq import batching
-from seq2seq import corpora as data
+from seq2seq import batching, hub, registry
 from seq2seq.batching import TokenBatchSampler, collate
 from seq2seq.cli import format_data_report, main
 from seq2seq.config import DataConfig
-from seq2seq.corpora import data_report, encode_pairs, load_corpus
+from seq2seq.corpora import encode_pairs, load_corpus, open_corpus
+from seq2seq.data_report import data_report
 from seq2seq.errors import Seq2SeqError
 from seq2seq.tokenizer import Tokenizer
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -130,7 +130,7 @@ def test_registry_sample_corpus():
 
 
 def test_hub_schema_via_datasets_on_local_jsonl(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(hub, "CACHE_DIR", tmp_path / "cache")
     folder = tmp_path / "multi30k_copy"
     folder.mkdir()
     for split, n in (("train", 8), ("validation", 3), ("test", 2)):
@@ -151,7 +151,7 @@ def test_hub_schema_via_datasets_on_local_jsonl(tmp_path, monkeypatch):
 
 
 def test_wmt_style_translation_column_via_datasets(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(hub, "CACHE_DIR", tmp_path / "cache")
     folder = tmp_path / "wmt_copy"
     folder.mkdir()
     rows = [{"translation": {"de": f"Satz {i}", "en": f"sentence {i}"}} for i in range(30)]
@@ -162,7 +162,7 @@ def test_wmt_style_translation_column_via_datasets(tmp_path, monkeypatch):
 
 
 def test_hub_id_without_network_fails_fast_naming_the_shipped_copy():
-    if data._hub_unreachable() is None:
+    if hub.hub_unreachable() is None:
         pytest.skip(
             "the Hub is reachable (or HF_HUB_OFFLINE/proxy set): this checks the offline error"
         )
@@ -186,13 +186,14 @@ def test_the_default_corpus_is_the_shipped_multi30k_from_any_working_directory(
 def test_without_the_repository_a_registry_name_is_one_line_saying_what_to_do(
     tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(data, "REGISTRY", tmp_path / "corpora.yaml")  # as in a plain pip install
+    # as in a plain pip install
+    monkeypatch.setattr(registry, "REGISTRY", tmp_path / "corpora.yaml")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Seq2SeqError, match="no corpus registry .* point --data at a corpus folder"):
         load_corpus("multi30k", "de", "en")
-    registry = tmp_path / "registry.yaml"
-    registry.write_text("gone:\n  path: data/not-here\n")
-    monkeypatch.setattr(data, "REGISTRY", registry)
+    entries = tmp_path / "registry.yaml"
+    entries.write_text("gone:\n  path: data/not-here\n")
+    monkeypatch.setattr(registry, "REGISTRY", entries)
     with pytest.raises(
         Seq2SeqError, match="corpus 'gone' should be in .*not-here, which is missing"
     ):
@@ -321,7 +322,7 @@ def test_the_training_split_streams_instead_of_being_held(tmp_path, make):
     text = max(text, 40_000 * 50)  # the gzipped files' text is larger than the files
     tracemalloc.start()
     try:
-        corpus = data.open_corpus(str(path), "de", "en", carve_valid=10, carve_test=10)
+        corpus = open_corpus(str(path), "de", "en", carve_valid=10, carve_test=10)
         n_read = sum(1 for _ in corpus.train)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -332,7 +333,7 @@ def test_the_training_split_streams_instead_of_being_held(tmp_path, make):
 
 def test_a_sample_of_the_training_pairs_is_seeded_uniform_and_in_corpus_order(tmp_path):
     write_parallel(tmp_path, "train", pairs(2000))
-    corpus = data.open_corpus(str(tmp_path), "de", "en", carve_valid=10, carve_test=10)
+    corpus = open_corpus(str(tmp_path), "de", "en", carve_valid=10, carve_test=10)
     train = list(corpus.train)
     sample = corpus.train.sample(100)
     assert len(sample) == 100 and sample == corpus.train.sample(100)
@@ -454,7 +455,7 @@ def test_data_command_prints_and_saves_the_report(tmp_path, capsys):
 
 
 def test_a_dataset_with_several_configurations_takes_one_by_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "CACHE_DIR", tmp_path / "cache")
+    monkeypatch.setattr(hub, "CACHE_DIR", tmp_path / "cache")
     folder = tmp_path / "hub_copy"  # the Hub's layout: configurations declared in README.md
     for config, lang in (("de-en", "de"), ("fr-en", "fr")):
         (folder / config).mkdir(parents=True)
@@ -479,8 +480,8 @@ def test_a_dataset_with_several_configurations_takes_one_by_name(tmp_path, monke
         match=r"Config name is missing.*--data .*:CONFIG \(configurations: de-en, fr-en\)",
     ):
         load_corpus(str(folder), "de", "en")
-    assert data._split_configuration("wmt/wmt14:de-en") == ("wmt/wmt14", "de-en")
-    assert data._split_configuration("pairs.tsv") == ("pairs.tsv", None)
+    assert hub.split_configuration("wmt/wmt14:de-en") == ("wmt/wmt14", "de-en")
+    assert hub.split_configuration("pairs.tsv") == ("pairs.tsv", None)
 
 
 def test_batches_follow_the_per_pair_rule_at_any_size():

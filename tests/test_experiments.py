@@ -6,6 +6,7 @@ README is its template filled from the committed results, so neither can drift."
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,20 @@ def test_committed_readme_is_its_template_filled_from_results(name):
     assert readme(here, here, run.readme_values) == (here / "README.md").read_text(
         encoding="utf-8"
     ), f"{name}/README.md differs from its template: run.py --readme-only rewrites it"
+
+
+# Conclusions whose figures are all placeholders (``{field}``) filled from the experiment's
+# results, as the rest of its README is: a figure typed into one would go stale unseen.
+RENDERED_CONCLUSIONS = ("kv_heads", "kv_cache")
+# A measured figure: decimals, thousands, or a count of times or milliseconds.
+_FIGURE = re.compile(r"\d[\d,]*\.\d|\d,\d{3}|\d\s*(?:×|ms\b)")
+
+
+@pytest.mark.parametrize("name", RENDERED_CONCLUSIONS)
+def test_a_conclusion_quotes_only_figures_its_results_fill_in(name):
+    text = (REPO / "experiments" / name / "conclusion.md").read_text(encoding="utf-8")
+    prose = re.sub(r"\{[^{}]*\}|`[^`]*`", "", text)  # placeholders; code (commands, formulas)
+    assert not _FIGURE.findall(prose), f"{name}/conclusion.md types figures in"
 
 
 def test_kv_heads_verdict_weighs_a_difference_against_the_mha_seeds_spread():

@@ -258,6 +258,33 @@ def readme_values(r: dict) -> dict[str, str]:
         "scoring": scoring_note(r),
         "base": base["variant"],
         "ratios": ratios,
+        **conclusion_values(rows),
+    }
+
+
+def conclusion_values(rows: list[dict]) -> dict[str, object]:
+    """What ``conclusion.md`` quotes: each variant's row (``v``), its speed and its cache
+    against the first variant's (``speed``, ``cache_cut``: how many times smaller), and the
+    first variant's seeds (``seeds``: test BLEU mean, sd, prediction band, range; their
+    speeds' range and spread in %)."""
+    base = rows[0]
+    bleu = [x["test_bleu"] for x in base_seeds(rows)]
+    speeds = [x["tokens_per_s"] for x in base_seeds(rows)]
+    several = len(bleu) >= 2
+    seeds = {
+        "mean": statistics.mean(bleu),
+        "sd": statistics.stdev(bleu) if several else math.nan,
+        "band": seed_band(bleu) if several else math.nan,
+        "range": max(bleu) - min(bleu),
+        "speed_min": min(speeds),
+        "speed_max": max(speeds),
+        "speed_spread": 100 * (max(speeds) / min(speeds) - 1),
+    }
+    return {
+        "v": {x["variant"]: x for x in rows},
+        "speed": {x["variant"]: x["tokens_per_s"] / base["tokens_per_s"] for x in rows},
+        "cache_cut": {x["variant"]: base["self_measured"] / x["self_measured"] for x in rows},
+        "seeds": seeds,
     }
 
 
