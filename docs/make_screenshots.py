@@ -28,11 +28,21 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
 ]  # fmt: skip
 WIDTH = 1200
-# Explorer views, as the page's URL hash names them (a step is numbered from 1).
-VIEWS = {"explorer_step.png": "view=step&step=3", "explorer_lines.png": "view=lines&step=3"}
+# Explorer views, as the page's URL hash names them (a step is numbered from 1); the whole
+# page, or (a tuple) one element of it.
+VIEWS = {
+    "explorer_step.png": "view=step&step=3",
+    "explorer_lines.png": "view=lines&step=3",
+    "explorer_attention.png": ("view=heatmap&map=attention&step=11", "#view-heatmap"),
+    "explorer_influence.png": ("view=heatmap&map=influence&step=11", "#view-heatmap"),
+}
 SERVED = "serve_ban_eos.png"  # the served page with EOS banned, at its last step: max_len
 SERVED_FORM = {"text": SENTENCE, "max_len": "16", "ban_eos": "on"}
 SERVED_VIEW = "view=step&step=16"
+# The served page's interventions panel after a click on a source word: hidden from every
+# layer's cross-attention, the sentence decoded again.
+INTERVENED = "serve_intervention.png"
+INTERVENED_WORD = "\u2581der"
 
 
 def parse_args() -> argparse.Namespace:
@@ -77,7 +87,9 @@ def screenshots(run: Path, out: Path) -> list[Path]:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             for name, view in VIEWS.items():
-                made.append(_photograph(browser, f"{page_file.as_uri()}#{view}", out / name))
+                view, element = view if isinstance(view, tuple) else (view, None)
+                url = f"{page_file.as_uri()}#{view}"
+                made.append(_photograph(browser, url, out / name, element))
             server = make_server(Translator.from_run(run, "cpu"), "127.0.0.1", 0)
             server.RequestHandlerClass.log_message = lambda *_: None  # no request log
             threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -86,6 +98,9 @@ def screenshots(run: Path, out: Path) -> list[Path]:
                 query = urllib.parse.urlencode(SERVED_FORM)
                 url = f"http://127.0.0.1:{port}/?{query}#{SERVED_VIEW}"
                 made.append(_photograph(browser, url, out / SERVED))
+                query = urllib.parse.urlencode({"text": SENTENCE, "influence": "on"})
+                url = f"http://127.0.0.1:{port}/?{query}#view=interventions"
+                made.append(_photograph(browser, url, out / INTERVENED, click=INTERVENED_WORD))
             finally:
                 server.shutdown()
                 server.server_close()
@@ -94,14 +109,24 @@ def screenshots(run: Path, out: Path) -> list[Path]:
     return made
 
 
-def _photograph(browser, url: str, png: Path) -> Path:
+def _photograph(
+    browser, url: str, png: Path, element: str | None = None, click: str | None = None
+) -> Path:
+    """The page at ``url`` (or one ``element`` of it), after a click on the source word
+    ``click`` in the interventions panel, if given, has been answered."""
     page = browser.new_page(viewport={"width": WIDTH, "height": 800})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     page.goto(url)
     if page.get_attribute("body", "data-status") != "ok" or errors:
         raise SystemExit(f"the page at {url} did not load: {errors}")
-    page.screenshot(path=str(png), full_page=True)
+    if click is not None:
+        page.locator("#mask-words button", has_text=click).first.click()
+        page.wait_for_selector("body[data-intervention=ok]", timeout=60_000)
+    if element is None:
+        page.screenshot(path=str(png), full_page=True)
+    else:
+        page.locator(element).screenshot(path=str(png))
     page.close()
     return png
 

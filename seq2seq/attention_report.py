@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -42,7 +43,7 @@ from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.influence import INFLUENCE_NOTE, agreement, occlude
-from seq2seq.interventions import Spec, intervention_record, parse_spec
+from seq2seq.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model import padding_mask
 from seq2seq.precision import autocast
 from seq2seq.search import Hypothesis, force_decode, max_output_length, translate_batch
@@ -53,6 +54,10 @@ FORMATS = ("png", "svg", "html", "json")
 TEACHER_FORCED = "teacher-forced on the given reference"
 TOP_K = 5  # alternatives shown per decoding step
 MAX_PAGE_SENTENCES = 200  # an HTML page holds every map: ~100 kB per sentence
+# Every HTML page holds these interventions, precomputed, in each decoder layer and in all
+# at once: 2 (L + 1) greedy decodings per sentence, small beside its maps. Masking a word
+# (S decodings) is left to --intervene mask:N and to seq2seq serve.
+PAGE_INTERVENTIONS = ("uniform", "permuted")
 _TITLE_MAX_CHARS = 60  # per quoted sentence in a figure title
 
 
@@ -84,10 +89,12 @@ def attention_report(
     SVG take one sentence; HTML writes one page with a sentence picker, JSON one record
     per line. ``influence``: each record holds the occlusion map beside the attention
     (``seq2seq.influence``); ``interventions``: specs such as "uniform:2" or "mask:3"
-    (``seq2seq.interventions.parse_spec``), each decoded again per sentence. Bad input
-    raises ``Seq2SeqError`` with a one-line message, before any file is written.
+    (``seq2seq.interventions.parse_spec``), each decoded again per sentence; an HTML page
+    holds ``page_interventions`` besides. Bad input raises ``Seq2SeqError`` with a one-line
+    message, before any file is written.
 
-    Returns a dict: path, format, title, and records (see ``sentence_records``).
+    Returns a dict: path, format, title, records (see ``sentence_records``) and
+    interventions (the specs asked for).
     """
     fmt, path = _output(fmt, out)
     sentences = [sentences] if isinstance(sentences, str) else list(sentences)
@@ -103,6 +110,11 @@ def attention_report(
     translator = run if isinstance(run, Translator) else Translator.from_run(run, device)
     model_config = translator.model.config
     layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
+    asked = list(interventions)
+    if fmt == "html":
+        given = {parse_spec(text, model_config.n_dec_layers) for text in asked}
+        page = page_interventions(model_config.n_dec_layers)
+        interventions = [*asked, *(spec.text for spec in page if spec not in given)]
     records = sentence_records(
         translator,
         sentences,
@@ -133,7 +145,14 @@ def attention_report(
     else:
         lines = [json.dumps(json_record(r), ensure_ascii=False) + "\n" for r in records]
         atomic_write_text(path, "".join(lines))
-    return {"path": path, "format": fmt, "title": title, "records": records}
+    return {"path": path, "format": fmt, "title": title, "records": records, "interventions": asked}
+
+
+def page_interventions(n_layers: int) -> list[Spec]:
+    """What every HTML page holds: each of ``PAGE_INTERVENTIONS`` in each decoder layer, then
+    in all of them at once."""
+    layers = [*(str(n) for n in range(1, n_layers + 1)), "all"]
+    return [parse_spec(f"{kind}:{n}", n_layers) for kind in PAGE_INTERVENTIONS for n in layers]
 
 
 def sentence_records(
@@ -160,7 +179,7 @@ def sentence_records(
     (``seq2seq.influence``; a target word's row sums its subwords', a source word is
     hidden whole), most_attended (of the mean over layers and heads), most_influential and
     agree, per row, and influence_note; else all None. interventions: one dict per spec
-    (``seq2seq.interventions.intervention_record``), source positions numbered as the
+    (``seq2seq.interventions.intervention_records``), source positions numbered as the
     record's columns.
     """
     if not sentences:
@@ -180,10 +199,7 @@ def sentence_records(
     if max_len is not None and max_len < 1:
         raise Seq2SeqError(f"--max-len must be at least 1, got {max_len}")
     specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
-    k = beam if beam is not None else translator.config.decode.beam
-    overrides = {"max_len_a": 0.0, "max_len_b": max_len} if max_len is not None else {}
-    # nbest = beam: every finished hypothesis, which leaves the chosen one as it is
-    decode = translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
+    decode = _decode_config(translator, beam, max_len, ban_eos)
     refs = references or [None] * len(sentences)
     records = [
         _record(translator, s, r, decode, influence=influence, specs=specs, by_word=words)
@@ -193,6 +209,65 @@ def sentence_records(
     if words:
         records = [_to_words(r, specials) for r in records]
     return [_with_agreement(r) for r in records]
+
+
+def sentence_interventions(
+    translator: Translator,
+    sentence: str,
+    interventions: Sequence[str],
+    *,
+    max_len: int | None = None,
+    ban_eos: bool = False,
+    words: bool = False,
+) -> list[dict]:
+    """The interventions of one sentence alone, as ``sentence_records`` holds them (what
+    ``seq2seq serve``'s interventions panel asks for): no maps, no other decoding."""
+    if not sentence.strip():
+        raise Seq2SeqError("the sentence is empty")
+    specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
+    decode = _decode_config(translator, 1, max_len, ban_eos)
+    source = _source(translator, sentence, words)
+    with autocast(translator.device, translator.dtype):
+        return intervention_records(
+            translator, source.src, decode, specs, source.columns, source.units
+        )
+
+
+def _decode_config(
+    translator: Translator, beam: int | None, max_len: int | None, ban_eos: bool
+) -> DecodeConfig:
+    """The run's decoding with the given beam (None: the run's), max_len (None: the run's
+    ``a * S + b``) and ban_eos."""
+    k = beam if beam is not None else translator.config.decode.beam
+    overrides = {"max_len_a": 0.0, "max_len_b": max_len} if max_len is not None else {}
+    # nbest = beam: every finished hypothesis, which leaves the chosen one as it is
+    return translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
+
+
+class _Source(NamedTuple):
+    src: torch.Tensor  # (1, S): EOS added, cut to the model's limit
+    tokens: list[str]  # S subwords
+    columns: list[list[int]]  # the positions each column hides: a subword's, or a word's
+    units: list[str]  # what the columns are: subwords, or words
+    notes: list[str]  # the cut, if any
+
+
+def _source(translator: Translator, sentence: str, by_word: bool) -> _Source:
+    """The sentence as the model reads it, and its columns."""
+    tok = translator.tokenizer
+    notes = []
+    src_ids = tok.encode(sentence, "src")
+    if len(src_ids) > translator.max_src_len:
+        notes.append(
+            f"{len(src_ids)} source subwords, cut to the model's limit of {translator.max_src_len}"
+        )
+        src_ids = src_ids[: translator.max_src_len]
+    src = torch.tensor([src_ids + [EOS_ID]], device=translator.device)  # (1, S)
+    src_tokens = tok.pieces(src_ids + [EOS_ID], "src")
+    if not by_word:
+        return _Source(src, src_tokens, [[i] for i in range(len(src_tokens))], src_tokens, notes)
+    columns = words.word_positions(src_tokens, tok.special_pieces)
+    return _Source(src, src_tokens, columns, words.words_of(src_tokens, tok.special_pieces), notes)
 
 
 def _record(
@@ -208,18 +283,7 @@ def _record(
     """The record of one sentence at subword level, but ``by_word`` the occlusion and the
     interventions hide whole source words already (``_to_words`` merges the rest)."""
     tok, model = translator.tokenizer, translator.model
-    notes = []
-    src_ids = tok.encode(sentence, "src")
-    if len(src_ids) > translator.max_src_len:
-        notes.append(
-            f"{len(src_ids)} source subwords, cut to the model's limit of {translator.max_src_len}"
-        )
-        src_ids = src_ids[: translator.max_src_len]
-    src = torch.tensor([src_ids + [EOS_ID]], device=translator.device)  # (1, S)
-    src_tokens = tok.pieces(src_ids + [EOS_ID], "src")
-    columns = [[i] for i in range(len(src_tokens))]  # the positions each column hides
-    if by_word:
-        columns = words.word_positions(src_tokens, tok.special_pieces)
+    src, src_tokens, columns, src_units, notes = _source(translator, sentence, by_word)
     with autocast(translator.device, translator.dtype):
         if reference is None:
             hyps = translate_batch(model, src, decode, need_weights=True)[0]
@@ -235,10 +299,7 @@ def _record(
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
         probs = _step_probs(model, src, tgt_ids)  # (Tq, V)
         occlusion = occlude(model, src, tgt_ids, columns) if influence else None
-        src_units = words.words_of(src_tokens, tok.special_pieces) if by_word else src_tokens
-        changes = [
-            intervention_record(translator, src, decode, spec, columns, src_units) for spec in specs
-        ]
+        changes = intervention_records(translator, src, decode, specs, columns, src_units)
 
     weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
     max_positions = model.config.max_positions
@@ -403,9 +464,10 @@ def report_inputs(
 
 def format_summary(report: dict, layer: int | str = "all", head: int | str = "mean") -> str:
     """What ``seq2seq attention`` prints: per sentence its translation, how decoding
-    stopped and each intervention's output; for one sentence the per-row numbers of the
-    chosen maps; the file written."""
+    stopped and the output of each intervention asked for (not those every page holds);
+    for one sentence the per-row numbers of the chosen maps; the file written."""
     records, lines = report["records"], []
+    asked = set(report["interventions"])
     for n, r in enumerate(records, start=1):
         where = f"[{n}] " if len(records) > 1 else ""
         limit = f" (max_len {r['max_len']})" if r["max_len"] is not None else ""
@@ -414,7 +476,7 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
             f"{where}decoding: {r['decoding']}; stop reason: {r['stop_reason']} at step "
             f"{r['stop_step']}{limit}"
         )
-        for c in r["interventions"]:
+        for c in (c for c in r["interventions"] if c["spec"] in asked):
             pairs = zip(c["words"], c["changed"], strict=True)
             marked = " ".join(f"[{w}]" if changed else w for w, changed in pairs)
             lines.append(f"{where}intervention {c['spec']} (greedy): {marked}")

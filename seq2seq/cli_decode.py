@@ -78,9 +78,11 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "each row attends to most beside the one whose hiding from cross-attention lowers the "
         "row's token most: influence by occlusion). HTML: a self-contained "
         "explorer: a step-through of decoding (the token chosen at each step, its probability, "
-        "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap, a "
-        "line view and a model view, with a sentence picker. JSON: one record per sentence per "
-        "line, with the influence map. Layers, heads and steps are numbered from 1.",
+        "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
+        "(attention, or influence), a line view, a model view and interventions (uniform and "
+        "permuted weights in each layer and in all, and any --intervene), with a sentence "
+        "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
+        "and steps are numbered from 1.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("sentence", nargs="?", metavar="SENTENCE", help="source sentence (quote it)")
@@ -142,7 +144,8 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         help="decode again (greedy) with cross-attention changed, and show which words "
         "changed: uniform, permuted or kept (the control) weights in layer N (from 1; "
         "default: all), or mask:N, source position N (from 1; a word with --words) hidden "
-        "from every layer; repeatable",
+        "from every layer; repeatable (an HTML page holds uniform and permuted in each layer "
+        "and in all besides)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_attention)
@@ -185,7 +188,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a local web page to type sentences and explore their translation's attention",
         description="Load a trained run once and serve the attention explorer at "
         "http://HOST:PORT/ for sentences typed in; beam, max_len and 'ban EOS' show how "
-        "decoding decides the length. Ctrl-C stops.",
+        "decoding decides the length, 'influence' adds the occlusion map, and the "
+        "interventions panel decodes a sentence again with cross-attention changed. Ctrl-C "
+        "stops.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
@@ -196,14 +201,33 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="allow a --host other than loopback (e.g. 0.0.0.0): anyone who reaches it can "
         "use the explorer, which has no login",
     )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a request not decoded within this long, waiting for the model included, gets "
+        "503 (default: %(default)s)",
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    import threading
+
     from seq2seq.serve import serve
 
-    serve(args.run_dir, host=args.host, port=args.port, device=args.device, public=args.public)
+    if not 0 < args.deadline <= threading.TIMEOUT_MAX:  # NaN fails both
+        raise Seq2SeqError(f"--deadline must be a number of seconds above 0, got {args.deadline}")
+    serve(
+        args.run_dir,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        public=args.public,
+        deadline=args.deadline,
+    )
     return 0
 
 

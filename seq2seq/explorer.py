@@ -1,11 +1,14 @@
 """The attention explorer: one self-contained HTML page (no network) for decoded sentences.
 
 The page is ``templates/explorer.html`` with its stylesheet and script inlined, and the
-sentences' records (``attention_report.sentence_records``) as a JSON block. It has four
-views of one sentence: a step-through of decoding, the heatmap, a line view and a model
-view (a thumbnail per layer and head); a sentence picker when there are several, layer and
-head selectors, and the caption under every view. ``seq2seq serve`` renders the same page
-with a form above it (``form`` and ``error``).
+sentences' records (``attention_report.sentence_records``) as a JSON block. It has five
+views of one sentence: a step-through of decoding (with, per row, whether the most-attended
+source position is the most influential one), the heatmap (attention or, toggled,
+influence by occlusion, each with its own legend), a line view, a model view (a thumbnail
+per layer and head) and the interventions; a sentence picker when there are several, layer
+and head selectors, and the caption under every view. ``seq2seq serve`` renders the same
+page with a form above it (``form`` and ``error``), and its interventions panel asks the
+server for new ones; a written page shows those it holds.
 
 Every map the page shows is computed here (heads and their mean, the per-row numbers), so
 the script only draws. No model imports.
@@ -68,6 +71,31 @@ def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) ->
     return layers
 
 
+def _influence_map(record: dict, digits: int = 4) -> dict | None:
+    """The record's occlusion map as the page draws it, with per row the most-attended and
+    the most influential source column and whether they agree; None without one.
+
+    Shapes: influence (Tq, Tk) -> w (Tq, Tk), attended/influential/agree Tq each
+    """
+    if record.get("influence") is None:
+        return None
+    drops = np.asarray(record["influence"], dtype=np.float64)
+    tq, tk = drops.shape
+    agree = record["agree"]
+    return {
+        "w": np.round(drops, digits).tolist(),
+        "vmax": max(float(drops.max()), 0.0),  # a rise (negative drop) draws as no drop
+        "title": f"influence by occlusion, every layer at once \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
+        "summary": f"largest drop {drops.max():.3f} nats \u00b7 the most-attended source "
+        f"position (mean of every layer and head) is the most influential one in "
+        f"{sum(agree)} of {tq} rows",
+        "attended": record["most_attended"],
+        "influential": record["most_influential"],
+        "agree": agree,
+        "note": record["influence_note"],
+    }
+
+
 def page_record(record: dict) -> dict:
     """What the page's script needs of one record."""
     weights = np.asarray(record["weights"], dtype=np.float64)
@@ -79,6 +107,8 @@ def page_record(record: dict) -> dict:
         n_heads=weights.shape[1],
         maps=_maps(weights, record["src_tokens"]),
         step_maps=None,
+        influence=_influence_map(record),
+        interventions=record.get("interventions") or [],
     )
     if record.get("step_weights") is not None:
         out["step_maps"] = _maps(np.asarray(record["step_weights"]), None)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from seq2seq.attention import check_rows
 from seq2seq.model import Seq2Seq, padding_mask
+from seq2seq.search import check_deadline
 from seq2seq.vocab import BOS_ID
 
 # Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
@@ -106,6 +107,7 @@ def occlude(
             n = max(1, min(n, max_logits // logits[0].numel()))
         masked = []
         for part in allowed.split(n) if groups else ():  # (n, 1, 1, S)
+            check_deadline()
             b = part.shape[0]
             part_logits, _ = model.decode(tgt_in.expand(b, -1), memory.expand(b, -1, -1), part)
             masked.append(_target_probs(part_logits, target))  # (n, T) twice

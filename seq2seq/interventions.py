@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -169,11 +169,13 @@ def intervene(
     kind: str,
     layers: Sequence[int] | None = None,
     positions: Sequence[int] = (),
+    original: Hypothesis | None = None,
 ) -> Intervention:
     """Greedy search on ``src`` as is and under one intervention: ``kind`` in
     ``REPLACEMENTS`` replaces the cross-attention weights of ``layers`` (from 0; None:
     every layer); ``mask`` hides source ``positions`` from every layer's cross-attention.
     Of ``decode`` it reads what greedy search reads (the length rule, ``ban_eos``).
+    ``original``: greedy search's output without it, where already decoded.
 
     Shapes: src (1, S)
     """
@@ -189,7 +191,8 @@ def intervene(
         context = hidden_source(model, positions, src.shape[1])
     else:
         raise ValueError(f"unknown intervention '{kind}' (use {', '.join(KINDS)})")
-    original = greedy_search(model, src, decode)[0]
+    if original is None:
+        original = greedy_search(model, src, decode)[0]
     with context:
         new = greedy_search(model, src, decode)[0]
     return Intervention(original, new)
@@ -216,7 +219,7 @@ class Spec:
     """One intervention as ``KIND[:N]`` names it: ``layer`` (from 1; None = every layer)
     for a replacement, ``position`` (a source column, from 1) for ``mask``."""
 
-    text: str
+    text: str = field(compare=False)  # "uniform" and "uniform:all" are one intervention
     kind: str
     layer: int | None = None
     position: int | None = None
@@ -225,7 +228,7 @@ class Spec:
 def parse_spec(text: str, n_layers: int) -> Spec:
     """``KIND[:LAYER]`` for a replacement (uniform, permuted, kept; LAYER from 1, or "all",
     the default) or ``mask:N`` (source column N, from 1; checked against each sentence by
-    ``intervention_record``). Bad input raises ``Seq2SeqError``."""
+    ``intervention_records``). Bad input raises ``Seq2SeqError``."""
     kind, _, where = text.partition(":")
     if kind not in KINDS:
         raise Seq2SeqError(f"--intervene {text}: unknown kind '{kind}' (use {', '.join(KINDS)})")
@@ -240,30 +243,41 @@ def parse_spec(text: str, n_layers: int) -> Spec:
     return Spec(text, kind, layer=int(where))
 
 
-def intervention_record(
+def intervention_records(
     translator: Translator,
     src: Tensor,
     decode: DecodeConfig,
-    spec: Spec,
+    specs: Sequence[Spec],
     columns: list[list[int]],
     src_units: list[str],
-) -> dict:
-    """``spec`` applied to one sentence, for JSON: both greedy outputs as words, each word
-    flagged where the two differ (``changed_tokens``), with their lengths (subwords) and
-    stop reasons. ``columns[n]`` are the source positions that column n + 1 of
-    ``src_units`` (subwords or words) stands for. Shapes: src (1, S)"""
-    if spec.position is not None and spec.position > len(columns):
-        raise Seq2SeqError(
-            f"--intervene {spec.text}: the source has {len(columns)} positions (1..{len(columns)})"
+) -> list[dict]:
+    """Each of ``specs`` applied to one sentence, for JSON: both greedy outputs as words,
+    each word flagged where the two differ (``changed_tokens``), with their lengths
+    (subwords) and stop reasons; the output without any is decoded once. ``columns[n]`` are
+    the source positions that column n + 1 of ``src_units`` (subwords or words) stands for.
+    Shapes: src (1, S)"""
+    for spec in specs:
+        if spec.position is not None and spec.position > len(columns):
+            n = len(columns)
+            raise Seq2SeqError(f"--intervene {spec.text}: the source has {n} positions (1..{n})")
+    greedy = decode.with_overrides(beam=1, nbest=1)
+    original = greedy_search(translator.model, src, greedy)[0] if specs else None
+    records = []
+    for spec in specs:
+        done = intervene(
+            translator.model,
+            src,
+            greedy,
+            kind=spec.kind,
+            layers=None if spec.layer is None else [spec.layer - 1],
+            positions=columns[spec.position - 1] if spec.position is not None else (),
+            original=original,
         )
-    done = intervene(
-        translator.model,
-        src,
-        decode.with_overrides(beam=1, nbest=1),
-        kind=spec.kind,
-        layers=None if spec.layer is None else [spec.layer - 1],
-        positions=columns[spec.position - 1] if spec.position is not None else (),
-    )
+        records.append(_record(translator, spec, done, src_units))
+    return records
+
+
+def _record(translator: Translator, spec: Spec, done: Intervention, src_units: list[str]) -> dict:
     tok = translator.tokenizer
     original, new = (
         words_of(tok.pieces(h.tokens, "tgt"), tok.special_pieces) for h in (done.original, done.new)

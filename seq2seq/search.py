@@ -16,6 +16,10 @@ the data pipeline appended to the source is counted. A step emits one token, so 
 hypothesis that stopped at EOS has at most ``max_len - 1`` tokens plus the EOS, and one
 that hit the limit has exactly ``max_len`` tokens.
 
+A caller that must answer in time (``seq2seq serve``) sets a ``deadline``: every search
+step, and every pass of ``influence.occlude``, checks it (``check_deadline``) and raises
+``DeadlinePassed`` once it is over. Without one the check is a context-variable lookup.
+
 Letters: ``B`` sentences, ``K`` beams, ``S`` source length, ``T`` decoding steps, ``V``
 vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
 """
@@ -23,6 +27,10 @@ vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +41,31 @@ from seq2seq.model import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 _NEVER_OUTPUT = [PAD_ID, BOS_ID]
+# A context variable, not an argument: the deadline crosses every layer between a server
+# and the loops (records, occlusion, interventions), and each thread has its own.
+_DEADLINE: ContextVar[float | None] = ContextVar("seq2seq_deadline", default=None)
+
+
+class DeadlinePassed(Exception):
+    """Decoding was still running at the time ``deadline`` set."""
+
+
+@contextmanager
+def deadline(at: float) -> Iterator[None]:
+    """Within it, decoding still running at ``at`` (``time.monotonic()`` seconds) raises
+    ``DeadlinePassed`` at its next step: the work stops there and its memory is freed."""
+    token = _DEADLINE.set(at)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def check_deadline() -> None:
+    """Raise ``DeadlinePassed`` if a ``deadline`` is set and over."""
+    at = _DEADLINE.get()
+    if at is not None and time.monotonic() > at:
+        raise DeadlinePassed("decoding ran past its deadline")
 
 
 @dataclass
@@ -98,6 +131,7 @@ def greedy_search(
         cache = model.new_cache() if use_cache else None
         step_weights, eos_probs = [], []
         for n in range(1, steps + 1):
+            check_deadline()
             tgt = prefix[:, n - 1 : n] if use_cache else prefix[:, :n]
             logits, weights = model.decode(
                 tgt, memory, src_mask, cache=cache, need_weights=need_weights
@@ -180,6 +214,7 @@ def beam_search(
         done = torch.zeros(b, dtype=torch.bool, device=device)
         tokens, parents, step_weights = [], [], []  # per step (B*K,), (B*K,), (B*K, L, H, S)
         for n in range(1, max(max_lens) + 1):
+            check_deadline()
             tgt = prefix[:, -1:] if use_cache else prefix
             logits, weights = model.decode(
                 tgt, rows_memory, rows_mask, cache=cache, need_weights=need_weights

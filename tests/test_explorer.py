@@ -1,20 +1,26 @@
 """The explorer page (``seq2seq attention ... -o report.html``) in headless Chromium: step
-through with the keyboard, switch views, pick a sentence; every number shown is the JSON's."""
+through with the keyboard, switch views, toggle the heatmap to influence, see the agreement
+per row and the interventions the page holds, pick a sentence; every number shown is the
+JSON's."""
 
 import json
 from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pytest
 from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, open_page
 
+from seq2seq.attention_report import page_interventions
 from seq2seq.cli import main
 from seq2seq.explorer import render_page
+from seq2seq.influence import INFLUENCE_NOTE
 from seq2seq.plotting import CAPTION
 from seq2seq.words import WORDS_NOTE
 
+REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
-VIEWS = ["step", "heatmap", "lines", "model"]
+VIEWS = ["step", "heatmap", "lines", "model", "interventions"]
 
 
 def write_report(run, folder, *args: str) -> tuple[str, list[dict]]:
@@ -27,6 +33,10 @@ def write_report(run, folder, *args: str) -> tuple[str, list[dict]]:
         )
     lines = (folder / "report.json").read_text(encoding="utf-8").splitlines()
     return (folder / "report.html").as_uri(), [json.loads(line) for line in lines]
+
+
+def page_data(page) -> dict:
+    return page.evaluate("JSON.parse(document.getElementById('explorer-data').textContent)")
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +268,114 @@ def test_page_is_self_contained_and_tokens_stay_text(browser, tmp_path):
 def test_template_ships_as_package_data():
     folder = resources.files("seq2seq").joinpath("templates")
     assert all(folder.joinpath(f"explorer.{ext}").is_file() for ext in ("html", "css", "js"))
+
+
+def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
+    url, records = report
+    page = open_page(browser, url + "#view=heatmap")
+    assert page.get_attribute("body", "data-map") == "attention"
+    assert "largest weight" in page.inner_text("#legend-text")
+    page.click(".toggle button[data-map=influence]")
+    assert page.get_attribute("body", "data-map") == "influence"
+    assert "map=influence" in page.url  # a view that can be linked
+    assert page.inner_text("#map-title").startswith("influence by occlusion, every layer at once")
+    assert "largest drop in log-probability" in page.inner_text("#legend-text")
+    assert INFLUENCE_NOTE in page.inner_text("#map-measures")  # what it measures, and not
+
+    record = records[0]
+    drops = np.array(record["influence"])  # (Tq, Tk)
+    cells = page.eval_on_selector_all("#heatmap td.w", "tds => tds.map(td => +td.dataset.w)")
+    np.testing.assert_allclose(cells, drops.ravel(), atol=1e-4)
+    assert page.inner_text("#legend-max") == f"{max(drops.max(), 0):.3f}"  # the same scale rule
+    rows = page.eval_on_selector_all(
+        "#heatmap tbody tr", "trs => trs.map(tr => [...tr.querySelectorAll('td.num')]"
+        ".map(td => td.textContent))",
+    )  # fmt: skip
+    src = record["src_tokens"]
+    assert rows == [
+        [src[a], src[b], "yes" if same else "no"]
+        for a, b, same in zip(
+            record["most_attended"], record["most_influential"], record["agree"], strict=True
+        )
+    ]
+    page.dispatch_event("#heatmap td.w >> nth=0", "mousemove")
+    assert "drop (nats)" in page.inner_text("#tooltip")
+
+    page.click(".toggle button[data-map=attention]")
+    assert page.inner_text("#map-title").startswith("layer 1, head mean")
+
+
+def test_step_through_shows_whether_each_row_agrees(report, browser):
+    url, records = report
+    record = records[0]
+    page = open_page(browser, url + "#view=step&step=4")
+    src, row = record["src_tokens"], 3
+    text = page.inner_text("#step-agreement")
+    assert f"mean of every layer and head): {src[record['most_attended'][row]]};" in text
+    assert f"most influential (occlusion): {src[record['most_influential'][row]]}" in text
+    assert ("the same position" in text) == record["agree"][row]
+    same = page.eval_on_selector_all(
+        "#step-map tbody tr", "trs => trs.map(tr => tr.lastElementChild.textContent)"
+    )
+    assert same == ["yes" if a else "no" for a in record["agree"]]
+
+
+def test_the_written_page_holds_its_interventions_and_says_which(run_dir, browser, tmp_path):
+    url, records = write_report(run_dir, tmp_path, "--beam", "1", "--intervene", "mask:2")
+    held = ["mask:2", *(s.text for s in page_interventions(N_LAYERS))]
+    assert [c["spec"] for c in records[0]["interventions"]] == ["mask:2"]  # JSON: as asked
+    data = page_data(open_page(browser, url))
+    assert all([c["spec"] for c in r["interventions"]] == held for r in data["records"])
+
+    page = open_page(browser, url + "#view=interventions")
+    assert not page.is_visible("#intervene")  # nothing to ask: the page holds what it has
+    note = page.inner_text("#interventions-note")
+    assert ", ".join(held) in note and "seq2seq serve" in note
+    shown = page.eval_on_selector_all(
+        "#interventions tr[data-spec]", "trs => trs.map(tr => tr.dataset.spec)"
+    )
+    assert shown == held
+    assert page.get_attribute("body", "data-spec") is None  # the first one shown
+    assert page.inner_text("#result-spec").startswith("mask:2")
+
+    page.select_option("#kind-select", "permuted")
+    page.select_option("#where-select", "2")
+    assert page.get_attribute("body", "data-spec") == "permuted:2"
+    c = data["records"][0]["interventions"][held.index("permuted:2")]
+    assert page.inner_text("#result-words") == " ".join(c["words"])
+    assert page.inner_text("#original-words") == " ".join(c["original_words"])
+    assert f"({c['length']} subwords, stop reason {c['stop_reason']})" in page.inner_text(
+        "#result-info"
+    )
+    page.select_option("#kind-select", "kept")
+    assert "Not on this page: kept:2" in page.inner_text("#intervention-status")
+    page.click("#mask-words button >> nth=2")  # a word: hiding it is not held either
+    assert "Not on this page: mask:3" in page.inner_text("#intervention-status")
+    assert not page.is_visible("#intervention-result")
+    page.click("#interventions tr[data-spec='uniform:all']")
+    assert page.get_attribute("body", "data-spec") == "uniform:all"
+    assert page.is_visible("#intervention-result")
+
+
+def test_the_summary_prints_the_interventions_asked_for_not_the_pages(run_dir, tmp_path, capsys):
+    page = tmp_path / "page.html"
+    assert (
+        main(["attention", str(run_dir), SENTENCES[0], "--intervene", "kept", "-o", str(page)]) == 0
+    )
+    printed = capsys.readouterr().out
+    assert "intervention kept (greedy)" in printed and "uniform:1" not in printed
+
+
+def test_the_page_size_quoted_in_the_docs_is_its_record():
+    """docs/explorer.md quotes the page size that experiments/influence_timing.py recorded."""
+    record = json.loads((REPO / "experiments/influence/page_size_tour.json").read_text("utf-8"))
+    sizes = record["page"]["bytes"]
+    text = " ".join((REPO / "docs/explorer.md").read_text(encoding="utf-8").split())
+    assert "experiments/influence/page_size_tour.json" in text
+    for figure in (
+        f"{sizes['written'] / 1000:.0f} kB",
+        f"{sizes['maps_influence'] / 1000:.0f} kB",
+        f"{(sizes['maps_influence'] - sizes['maps']) / 1000:.0f} kB",
+        f"{record['page']['sentences']} sentences",
+    ):
+        assert figure in text, figure

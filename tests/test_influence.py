@@ -270,12 +270,16 @@ def test_timing_script_runs_and_writes_its_numbers(tmp_path_factory, tmp_path):
     run = tiny_run_dir(tmp_path_factory)
     out = tmp_path / "timing.json"
     script = REPO / "experiments" / "influence_timing.py"
-    args = ["--run", str(run), "--quick", "--threads", "1", "--json", str(out)]
+    args = ["--run", str(run), "--quick", "--threads", "1", "--page-sentences", "2"]
     done = subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
-    )
+        [sys.executable, str(script), *args, "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text(encoding="utf-8"))
     assert results["words"] == 20 and results["passes"] >= 2
     assert results["unmasked_pass_s"] > 0 and results["extra_share"] < 1
     assert "occlusions" in done.stdout
+    page = results["page"]  # the page grows by influence, then by the interventions
+    assert page["sentences"] == 2 and page["file"] == "data/sample/train.de"
+    assert page["bytes"]["maps"] < page["bytes"]["maps_influence"] < page["bytes"]["written"]

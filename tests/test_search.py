@@ -1,5 +1,8 @@
 """Search: beam 1 == greedy, cached == uncached, batched == one at a time, stop reasons,
-length limits, n-best order, attention shapes and back-pointer tracing (== force_decode)."""
+length limits, n-best order, attention shapes and back-pointer tracing (== force_decode),
+and a deadline checked at every step."""
+
+import time
 
 import pytest
 import torch
@@ -9,8 +12,11 @@ from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
+from seq2seq.influence import occlude
 from seq2seq.search import (
+    DeadlinePassed,
     beam_search,
+    deadline,
     force_decode,
     gnmt_length_penalty,
     greedy_search,
@@ -334,3 +340,22 @@ def test_bad_arguments_are_clear_errors():
         greedy_search(model, torch.tensor([[5, 6], [PAD_ID, PAD_ID]]))
     with pytest.raises(ValueError, match="eval"):
         greedy_search(model.train(), src)
+
+
+def test_a_passed_deadline_stops_every_search_at_its_next_step():
+    """Greedy, beam and occlusion check the deadline; one not yet passed changes nothing,
+    and leaving its context removes it."""
+    model, src = tiny(), sources([5, 3])
+    decode = DecodeConfig(beam=3, nbest=3, max_len_a=0.0, max_len_b=6)
+    expected = beam_search(model, src, decode)
+    with deadline(time.monotonic() + 3600):
+        assert beam_search(model, src, decode) == expected
+    with deadline(time.monotonic() - 1):
+        for search in (
+            lambda: greedy_search(model, src, decode),
+            lambda: beam_search(model, src, decode),
+            lambda: occlude(model, src[:1], [5, 6, EOS_ID]),
+        ):
+            with pytest.raises(DeadlinePassed):
+                search()
+    assert beam_search(model, src, decode) == expected

@@ -1,6 +1,7 @@
 """``seq2seq serve`` as a user meets it: started on a free port of 127.0.0.1, driven through
-its page in headless Chromium, and sent bad requests that must not stop it; then, in this
-process with short timeouts, the requests a hostile page or client could send."""
+its page in headless Chromium (the influence map, the interventions panel), and sent bad
+requests that must not stop it; then, in this process with short timeouts and deadlines, the
+requests a hostile page or client could send, the work caps and concurrent maximal requests."""
 
 import contextlib
 import http.client
@@ -17,6 +18,8 @@ import pytest
 from browser import chromium, explorer_run_dir, open_page
 
 from seq2seq import serve as serve_module
+from seq2seq.attention import MultiHeadAttention
+from seq2seq.attention_report import sentence_interventions
 from seq2seq.cli import main
 from seq2seq.errors import Seq2SeqError
 from seq2seq.serve import (
@@ -70,13 +73,22 @@ def page_records(page) -> list[dict]:
     return page.evaluate("JSON.parse(document.getElementById('explorer-data').textContent).records")
 
 
-def submit(page, text: str, max_len: str = "", ban_eos: bool = False) -> None:
+def submit(
+    page, text: str, max_len: str = "", ban_eos: bool = False, influence: bool = False
+) -> None:
     page.fill("#text", text)
     page.fill("#max-len", max_len)
     page.set_checked("#ban-eos", ban_eos)
+    page.set_checked("#influence", influence)
     with page.expect_navigation():
         page.click("#submit")
     assert page.get_attribute("body", "data-status") == "ok"
+
+
+def answered(page) -> str:
+    """How the interventions panel's request ended: "ok" or "error"."""
+    page.wait_for_selector("body[data-intervention=ok], body[data-intervention=error]")
+    return page.get_attribute("body", "data-intervention")
 
 
 def test_page_translates_as_the_translate_command_does(server, browser, run_dir, capsys):
@@ -109,6 +121,57 @@ def test_ban_eos_changes_only_the_length(server, browser):
     # Greedy search with EOS banned takes the same steps until EOS would have come.
     chosen = [s["token"] for s in banned["steps"]]
     assert chosen[: free["stop_step"] - 1] == [s["token"] for s in free["steps"]][:-1]
+
+
+def test_influence_is_computed_when_ticked_and_the_heatmap_toggles_to_it(server, browser):
+    url, _, _ = server
+    page = open_page(browser, url)
+    assert page.is_checked("#influence")  # ticked on the first visit
+    submit(page, SENTENCE)
+    page.click(".tabs button[data-view=heatmap]")
+    assert page.is_disabled(".toggle button[data-map=influence]")  # not asked for: none
+    assert page_records(page)[0]["influence"] is None
+
+    submit(page, SENTENCE, influence=True)
+    record = page_records(page)[0]
+    page.click(".tabs button[data-view=heatmap]")
+    page.click(".toggle button[data-map=influence]")
+    assert page.get_attribute("body", "data-map") == "influence"
+    assert page.inner_text("#map-title").startswith("influence by occlusion")
+    cells = page.eval_on_selector_all("#heatmap td.w", "tds => tds.map(td => +td.dataset.w)")
+    assert cells == [w for row in record["influence"]["w"] for w in row]
+
+
+def test_interventions_panel_decodes_again_a_kind_a_layer_or_a_clicked_word(
+    server, browser, run_dir
+):
+    url, _, _ = server
+    page = open_page(browser, url)
+    submit(page, SENTENCE)
+    page.click(".tabs button[data-view=interventions]")
+    assert page.is_visible("#intervene") and not page.is_visible("#intervention-result")
+    record = page_records(page)[0]
+
+    page.click("#mask-words button >> nth=1")  # the second source subword, hidden
+    assert answered(page) == "ok" and page.get_attribute("body", "data-spec") == "mask:2"
+    expected = sentence_interventions(
+        Translator.from_run(run_dir, "cpu"), SENTENCE, ["mask:2", "permuted:2"]
+    )
+    assert page.inner_text("#result-words") == " ".join(expected[0]["words"])
+    assert record["src"][1] in page.inner_text("#result-spec")  # the word hidden, named
+    marked = page.eval_on_selector_all("#result-words mark", "ms => ms.map(m => m.textContent)")
+    changed = zip(expected[0]["words"], expected[0]["changed"], strict=True)
+    assert marked == [w for w, c in changed if c]
+
+    page.select_option("#kind-select", "permuted")
+    page.select_option("#where-select", "2")
+    page.click("#intervene")
+    assert answered(page) == "ok" and page.get_attribute("body", "data-spec") == "permuted:2"
+    assert page.inner_text("#result-words") == " ".join(expected[1]["words"])
+    rows = page.eval_on_selector_all(
+        "#interventions tr[data-spec]", "trs => trs.map(tr => tr.dataset.spec)"
+    )
+    assert rows == ["mask:2", "permuted:2"]  # both kept, each a click away
 
 
 def test_empty_input_is_a_message_on_the_page(server, browser):
@@ -209,9 +272,8 @@ def translator(run_dir):
 
 
 @contextlib.contextmanager
-def running(translator, host="127.0.0.1", **options):
-    """A server on a free port, serving from a thread: yields its port."""
-    server = make_server(translator, host, 0, **options)
+def serving(server: ExplorerServer):
+    """``server`` serving from a thread: yields its port."""
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -219,6 +281,13 @@ def running(translator, host="127.0.0.1", **options):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def running(translator, host="127.0.0.1", **options):
+    """A server on a free port, serving from a thread: yields its port."""
+    with serving(make_server(translator, host, 0, **options)) as port:
+        yield port
 
 
 def send(port, method="POST", path="/", headers=None, body=b"text=Ein+Hund"):
@@ -367,26 +436,40 @@ def test_an_internal_error_is_a_generic_page_and_logged(translator, monkeypatch,
     assert "RuntimeError: secret <detail>" in capsys.readouterr().err
 
 
-def test_the_work_of_one_request_is_capped(translator, monkeypatch):
-    """With EOS banned every output runs to max_len: the cap, set to exactly the attention
-    weights that request's page holds, lets it through and refuses max_len one longer."""
-    kept = []
+def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(translator, monkeypatch):
+    """With EOS banned every output runs to max_len, so the page's map of a hypothesis holds
+    exactly the weights the cap counts for it: the cap takes beam hypotheses of that size,
+    plus one occlusion pass per source subword with influence, and refuses one weight more."""
+    decoded = []
 
     def recording(*args, **kwargs):
         records = sentence_records(*args, **kwargs)
-        kept.append(sum(r["weights"].size for r in records))
+        decoded.append(records)
         return records
 
     sentence_records = serve_module.sentence_records
     monkeypatch.setattr(serve_module, "sentence_records", recording)
-    form = "text=Ein+Hund%0AZwei+Hunde+laufen&ban_eos=on&beam=2&max_len="
+    form = "text=Ein+Hund%0AZwei+Hunde+laufen&ban_eos=on&max_len="
     with running(translator) as port:
-        assert send(port, body=f"{form}20".encode())[0] == 200
-        monkeypatch.setattr(serve_module, "MAX_WEIGHTS", kept[0])
-        assert send(port, body=f"{form}20".encode())[0] == 200
-        status, page = send(port, body=f"{form}21".encode())
-    assert status == 400 and f"at most {kept[0]:,} at a time" in error_shown(page)
-    assert len(kept) == 2  # the refused request decoded nothing
+        assert send(port, body=f"{form}20&beam=1".encode())[0] == 200
+        (records,) = decoded
+        hypothesis = sum(r["weights"].size for r in records)  # (L, H, 20, S) each
+        occluded = sum(r["weights"].size * len(r["src_tokens"]) for r in records)
+
+        def refused(body: str, cap: int) -> bool:
+            monkeypatch.setattr(serve_module, "MAX_WEIGHTS", cap)
+            status, page = send(port, body=body.encode())
+            assert status in (200, 400), status
+            assert status == 200 or f"at most {cap:,} at a time" in error_shown(page)
+            return status == 400
+
+        assert not refused(f"{form}20&beam=2", 2 * hypothesis)
+        assert refused(f"{form}20&beam=2", 2 * hypothesis - 1)
+        assert refused(f"{form}20&beam=2", hypothesis)  # a cap blind to the beam let it pass
+        assert refused(f"{form}21&beam=2", 2 * hypothesis)
+        assert not refused(f"{form}20&beam=1&influence=on", hypothesis + occluded)
+        assert refused(f"{form}20&beam=1&influence=on", hypothesis + occluded - 1)
+    assert len(decoded) == 3  # the refused requests decoded nothing
 
 
 def test_beam_and_max_len_have_limits_of_their_own(translator, monkeypatch):
@@ -416,3 +499,139 @@ def test_a_non_loopback_address_needs_public(run_dir, translator, capsys, monkey
     monkeypatch.setattr(ExplorerServer, "serve_forever", interrupted)
     serve(run_dir, "0.0.0.0", 0, "cpu", public=True)
     assert "warning: 0.0.0.0 is reachable from the network" in capsys.readouterr().err
+
+
+def intervene(port: int, body: str, headers=None) -> tuple[int, dict]:
+    """Status and JSON answer of one request to the interventions panel's address."""
+    status, text = send(port, path="/intervene", body=body.encode(), headers=headers)
+    return status, json.loads(text)
+
+
+def test_an_intervention_beyond_the_caps_or_malformed_is_refused_and_it_keeps_serving(
+    translator, monkeypatch
+):
+    n_layers = translator.model.config.n_dec_layers
+    with running(translator) as port:
+        status, answer = intervene(port, "text=Ein+Hund&spec=uniform:1")
+        assert status == 200 and answer["intervention"]["spec"] == "uniform:1"
+        for body, message in [
+            ("text=Ein+Hund&spec=uniform:9", f"the decoder has layers 1..{n_layers}"),
+            ("text=Ein+Hund&spec=mask:99", "the source has"),
+            ("text=Ein+Hund&spec=flat", "unknown kind 'flat'"),
+            ("text=Ein+Hund&spec=", "name one intervention"),
+            ("text=Ein+Hund&spec=" + "x" * 500, "name one intervention"),
+            ("text=Ein+Hund%0AZwei+Hunde&spec=kept", "one sentence, got 2"),
+            ("text=&spec=kept", "the text is empty"),
+            ("text=" + "a" * (MAX_CHARS + 1) + "&spec=kept", f"at most {MAX_CHARS}"),
+            ("text=Ein+Hund&spec=kept&max_len=999", "max_len must be a whole number"),
+        ]:
+            status, answer = intervene(port, body)
+            assert status == 400 and message in answer["error"], (body[:40], answer)
+        monkeypatch.setattr(serve_module, "MAX_WEIGHTS", 100)  # two greedy decodings: more
+        status, answer = intervene(port, "text=Ein+Hund&spec=uniform:1")
+        assert status == 400 and "at most 100 at a time" in answer["error"]
+        monkeypatch.undo()
+        assert intervene(port, "text=Ein+Hund&spec=permuted:all")[0] == 200  # still serving
+        assert send(port, "GET", "/intervene", body=None)[0] == 404  # decodes by POST only
+        cross_site = {"Sec-Fetch-Site": "cross-site"}
+        assert send(port, path="/intervene", body=b"text=x&spec=kept", headers=cross_site)[0] == 403
+
+
+def test_the_panel_shows_a_refusal_and_the_next_request_is_answered(
+    translator, browser, monkeypatch
+):
+    with running(translator) as port:
+        page = open_page(browser, f"http://127.0.0.1:{port}/")
+        submit(page, SENTENCE)
+        page.click(".tabs button[data-view=interventions]")
+        monkeypatch.setattr(serve_module, "MAX_WEIGHTS", 100)
+        page.click("#mask-words button >> nth=0")
+        assert answered(page) == "error"
+        assert "at most 100 at a time" in page.inner_text("#intervention-status")
+        assert "HTTP 400" in page.inner_text("#intervention-status")
+        monkeypatch.undo()
+        page.click("#mask-words button >> nth=0")
+        assert answered(page) == "ok" and page.is_visible("#intervention-result")
+
+
+@contextlib.contextmanager
+def slow_decoding(translator, seconds_per_step: float):
+    """Every decoder pass of the model takes at least ``seconds_per_step`` longer."""
+    model = translator.model
+    decode = model.decode
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds_per_step)
+        return decode(*args, **kwargs)
+
+    model.decode = slow
+    try:
+        yield
+    finally:
+        del model.decode  # the class's method again
+
+
+def test_a_request_past_the_deadline_gets_503_and_frees_the_model(translator):
+    """60 steps of at least 0.1 s would decode for 6 s; the deadline is 0.5 s. Each request
+    ends soon after it, the model's lock is free again, and the next request is answered."""
+    server = make_server(translator, "127.0.0.1", 0, deadline=0.5)
+    lock = server.RequestHandlerClass.explorer.lock
+    with serving(server) as port:
+        long_form = b"text=Ein+Hund&ban_eos=on&beam=2&max_len=60"
+        with slow_decoding(translator, 0.1):
+            for path, body in [("/", long_form), ("/intervene", long_form + b"&spec=mask:1")]:
+                began = time.monotonic()
+                status, text = send(port, path=path, body=body)
+                assert status == 503 and time.monotonic() - began < 3, path
+                assert "busy: no answer within 0.5 seconds" in text
+                assert lock.acquire(blocking=False), "the model's lock was kept"
+                lock.release()
+        layers = translator.model.decoder_layers
+        assert all(type(layer.cross_attn) is MultiHeadAttention for layer in layers)
+
+        with lock:  # another request holds the model past the deadline
+            began = time.monotonic()
+            status, page = send(port)
+            waited = time.monotonic() - began
+        assert status == 503 and 0.5 <= waited < 3
+        assert "busy: no answer within 0.5 seconds" in error_shown(page)
+        assert send(port)[0] == 200  # served again
+
+
+def test_concurrent_maximal_requests_end_within_the_deadline_and_it_keeps_serving(
+    translator, monkeypatch
+):
+    """experiments/robustness/serve_load.py, small: six clients at once, each asking for
+    all the work a (lowered) cap allows, by beam or by influence, every output as long as
+    max_len; a 1 s deadline. Each gets the page or 503, a 503 soon after the deadline, and
+    a normal request is answered after them."""
+    cap, max_len = 1 << 18, 40
+    monkeypatch.setattr(serve_module, "MAX_WEIGHTS", cap)
+    server = make_server(translator, "127.0.0.1", 0, deadline=1.0)
+    work = server.RequestHandlerClass.explorer.work
+    bodies = []
+    for sentence, beam, influence in [("Ein Hund läuft über die Wiese.", MAX_BEAM, False),
+                                      ("Ein Hund", 1, True)]:  # fmt: skip
+        n = max(k for k in range(1, 11) if work([sentence] * k, max_len, beam, influence) <= cap)
+        assert work([sentence] * n, max_len, beam, influence) > cap // 2  # near the cap
+        text = "%0A".join([sentence] * n)
+        influence_field = "&influence=on" if influence else ""
+        bodies.append(f"text={text}&beam={beam}&max_len={max_len}&ban_eos=on{influence_field}")
+    answers: list[tuple[int, float]] = []
+
+    def client(body: str) -> None:
+        began = time.monotonic()
+        status, _ = send(port, body=body.encode())
+        answers.append((status, time.monotonic() - began))
+
+    with serving(server) as port:
+        threads = [threading.Thread(target=client, args=(bodies[k % 2],)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert len(answers) == 6, "a client got no answer"
+        assert {status for status, _ in answers} <= {200, 503}, answers
+        assert max((s for status, s in answers if status == 503), default=0) < 1.0 + 3, answers
+        began = time.monotonic()
+        assert send(port)[0] == 200 and time.monotonic() - began < 3

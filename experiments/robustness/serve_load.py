@@ -1,5 +1,6 @@
 """``seq2seq serve`` under load, on 127.0.0.1 only: slow clients, many requests, the largest
-request it allows; the server must keep answering and its memory stay bounded.
+requests it allows, alone and many at once; the server must keep answering, within its
+deadline, and its memory stay bounded.
 
 Starts ``seq2seq serve RUN --port 0`` (a tiny model trained on data/sample unless ``--run``;
 ``--shape default`` swaps in the default model shape, 3+3 layers of d_model 256, randomly
@@ -9,9 +10,15 @@ initialised: the memory of a request depends on the shape, not on the weights). 
    65536`` and then nothing; while they hang, ``--requests`` ordinary requests are sent one
    after another (sentences of data/sample); then how long the server took to close each
    slow client, and the time a normal request takes afterwards (it must be under a second).
-2. The largest request the limits let through: beam ``MAX_BEAM``, EOS banned so every
-   output runs to max_len, max_len ``MAX_LEN`` (or the model's limit), a source as long as
-   ``MAX_WEIGHTS`` then allows (ten sentences where one cannot fill it).
+2. The largest requests the work cap (``Explorer.work``, ``MAX_WEIGHTS``) lets through, two
+   ways: all of it spent on the beam (``MAX_BEAM``), or on influence (greedy, one occlusion
+   pass per source subword); EOS banned so every output runs to max_len, max_len ``MAX_LEN``
+   (or the model's limit), a source as long as the cap then allows, and as many such
+   sentences as fit (at most ``MAX_SENTENCES``). Each alone, one after the other.
+3. ``--concurrent`` clients at once, each sending one of those two largest requests: each
+   must get the page or 503 (busy) no later than a few seconds past the server's
+   ``--server-deadline``, the server's peak memory must stay near that of one largest
+   request (one request decodes at a time), and a normal request must be answered after.
 
 The server's resident memory is read from ``/proc/PID/status`` (VmRSS now, VmHWM the peak).
 Every socket has a timeout and the whole script a deadline (``--deadline``, training the
@@ -19,6 +26,8 @@ tiny model included), at which it stops the server and exits non-zero.
 
     OMP_NUM_THREADS=1 python experiments/robustness/serve_load.py
     OMP_NUM_THREADS=1 python experiments/robustness/serve_load.py --shape default --slow 0 --requests 0
+    OMP_NUM_THREADS=1 python experiments/robustness/serve_load.py --slow 0 --requests 0 \
+        --concurrent 8 --server-deadline 5
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import quote_plus
@@ -48,8 +58,15 @@ from helpers import train_sample_run  # noqa: E402
 from seq2seq.checkpoint import BEST_FILE, load_config_file, save_config, save_model  # noqa: E402
 from seq2seq.config import ModelConfig  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
-from seq2seq.serve import MAX_BEAM, MAX_LEN, MAX_SENTENCES, MAX_WEIGHTS  # noqa: E402
-from seq2seq.tokenizer import Tokenizer  # noqa: E402
+from seq2seq.serve import (  # noqa: E402
+    DEADLINE,
+    MAX_BEAM,
+    MAX_LEN,
+    MAX_SENTENCES,
+    MAX_WEIGHTS,
+    Explorer,
+)
+from seq2seq.translate import Translator  # noqa: E402
 
 HOST = "127.0.0.1"  # never anything else: this script attacks the server it starts
 
@@ -74,8 +91,9 @@ def default_shape_run(tiny: Path, out: Path) -> Path:
 class Server:
     """``seq2seq serve RUN`` on a free port of 127.0.0.1, stopped on exit."""
 
-    def __init__(self, run: Path, log: Path) -> None:
+    def __init__(self, run: Path, log: Path, deadline: float) -> None:
         command = [sys.executable, "-m", "seq2seq", "serve", str(run), "--port", "0"]
+        command += ["--deadline", str(deadline)]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with open(log, "w") as stderr:
             self.proc = subprocess.Popen(
@@ -188,26 +206,68 @@ def load_phase(server: Server, args: argparse.Namespace, sentences: list[str]) -
     }
 
 
-def largest_request(run: Path) -> tuple[dict[str, str], dict]:
-    """The form of the largest request the cap allows: the longest output everywhere, and
-    the longest source that then fits (``MAX_SENTENCES`` of the model's limit where one
-    sentence cannot fill the cap)."""
-    config, tok = load_config_file(run), Tokenizer.load(run)
-    m = config.model
-    max_len, per_cell = min(MAX_LEN, m.max_positions - 1), m.n_dec_layers * m.n_heads
-    longest_src = MAX_WEIGHTS // (per_cell * max_len) - 1  # subwords, EOS not counted
+def largest_requests(run: Path) -> dict[str, tuple[dict[str, str], dict]]:
+    """The forms of the largest requests the cap allows, by beam and by influence: the
+    longest output everywhere, the longest source that then fits, and as many of it as fit
+    (at most ``MAX_SENTENCES``); each with its shape. The cap's own count decides
+    (``Explorer.work``)."""
+    explorer = Explorer(Translator.from_run(run, "cpu"))
+    tok, m = explorer.translator.tokenizer, explorer.translator.model.config
+    max_len = min(MAX_LEN, m.max_positions - 1)
     words = ["ein", "Hund", "läuft", "über", "die", "Wiese", "und"] * max_len  # enough words
-    n = 1
-    while len(tok.encode(" ".join(words[: n + 1]), "src")) <= min(longest_src, max_len):
-        n += 1
-    sentence = " ".join(words[:n])
-    s = min(len(tok.encode(sentence, "src")), max_len) + 1
-    k = max(1, min(MAX_SENTENCES, MAX_WEIGHTS // (per_cell * max_len * s)))
-    form = {"text": "\n".join([sentence] * k), "beam": str(MAX_BEAM), "max_len": str(max_len),
-            "ban_eos": "on"}  # fmt: skip
-    shape = {"sentences": k, "source_positions": s, "max_len": max_len, "beam": MAX_BEAM,
-             "layers_x_heads": per_cell, "weights": k * s * max_len * per_cell}  # fmt: skip
-    return form, shape
+    requests = {}
+    for name, beam, influence in [("beam", MAX_BEAM, False), ("influence", 1, True)]:
+
+        def work(sentence: str, k: int = 1, beam=beam, influence=influence) -> int:
+            return explorer.work([sentence] * k, max_len, beam, influence)
+
+        n = 1
+        while (
+            len(tok.encode(" ".join(words[: n + 1]), "src")) <= explorer.translator.max_src_len
+            and work(" ".join(words[: n + 1])) <= MAX_WEIGHTS
+        ):
+            n += 1
+        sentence = " ".join(words[:n])
+        k = max([1, *(k for k in range(1, MAX_SENTENCES + 1) if work(sentence, k) <= MAX_WEIGHTS)])
+        form = {"text": "\n".join([sentence] * k), "beam": str(beam), "max_len": str(max_len),
+                "ban_eos": "on", **({"influence": "on"} if influence else {})}  # fmt: skip
+        shape = {"sentences": k, "source_subwords": len(tok.encode(sentence, "src")) + 1,
+                 "max_len": max_len, "beam": beam, "influence": influence,
+                 "layers_x_heads": m.n_dec_layers * m.n_heads, "weights": work(sentence, k),
+                 "cap": MAX_WEIGHTS}  # fmt: skip
+        requests[name] = form, shape
+    return requests
+
+
+def concurrent_phase(server: Server, forms: list[dict[str, str]], n: int, timeout: float) -> dict:
+    """``n`` clients at once, client i sending ``forms[i % len(forms)]``: each one's status
+    and seconds to its answer, then the server's memory and a normal request."""
+    answers: list[tuple[int, float]] = []
+
+    def client(form: dict[str, str]) -> None:
+        try:
+            answers.append(request(server.port, form, timeout))
+        except OSError:
+            answers.append((0, timeout))  # no answer in time
+
+    threads = [threading.Thread(target=client, args=(forms[i % len(forms)],)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 5)
+    statuses: dict[int, int] = {}
+    for status, _ in answers:
+        statuses[status] = statuses.get(status, 0) + 1
+    after_status, after_s = request(server.port, {"text": "Ein Hund"}, 30)
+    return {
+        "clients": n,
+        "statuses": statuses,
+        "max_s": {
+            str(code): round(max(s for c, s in answers if c == code), 2) for code in statuses
+        },
+        "normal_request_after": {"status": after_status, "seconds": round(after_s, 3)},
+        **server.memory_mb(),
+    }
 
 
 def main() -> int:
@@ -216,6 +276,15 @@ def main() -> int:
     parser.add_argument("--shape", choices=("run", "default"), default="run")
     parser.add_argument("--slow", type=int, default=50, help="slow clients (default: 50)")
     parser.add_argument("--requests", type=int, default=200, help="sequential (default: 200)")
+    parser.add_argument(
+        "--concurrent", type=int, default=8, help="largest requests at once (default: 8)"
+    )
+    parser.add_argument(
+        "--server-deadline",
+        type=float,
+        default=DEADLINE,
+        help=f"the server's --deadline, seconds (default: {DEADLINE:g})",
+    )
     parser.add_argument("--deadline", type=float, default=900, help="seconds, all in")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "serve-load")
     args = parser.parse_args()
@@ -230,21 +299,43 @@ def main() -> int:
         run = default_shape_run(run, args.out)
     sentences = (REPO / "data/sample/test.de").read_text(encoding="utf-8").splitlines()
     results: dict = {"run": str(run)}
-    with Server(run, args.out / "server.log") as server:
+    largest = largest_requests(run)
+    with Server(run, args.out / "server.log", args.server_deadline) as server:
         results["started"] = server.memory_mb()
         if args.slow or args.requests:
             results["load"] = load_phase(server, args, sentences)
             print("load", json.dumps(results["load"]), flush=True)
-        form, results["largest_shape"] = largest_request(run)
-        status, seconds = request(server.port, form, max(1.0, args.end - time.monotonic()))
-        results["largest"] = {"status": status, "seconds": round(seconds, 1), **server.memory_mb()}
-        print("largest", json.dumps(results["largest_shape"]), json.dumps(results["largest"]))
+        for name, (form, shape) in largest.items():
+            status, seconds = request(server.port, form, max(1.0, args.end - time.monotonic()))
+            done = {"status": status, "seconds": round(seconds, 1), **server.memory_mb()}
+            results[f"largest_{name}"] = {"shape": shape, **done}
+            print(f"largest by {name}", json.dumps(shape), json.dumps(done), flush=True)
+        if args.concurrent:
+            forms = [form for form, _ in largest.values()]
+            timeout = args.server_deadline + 60  # past the deadline: the page's rendering
+            results["concurrent"] = concurrent_phase(server, forms, args.concurrent, timeout)
+            print("concurrent", json.dumps(results["concurrent"]), flush=True)
+    results["server_deadline_s"] = args.server_deadline
     (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    load = results.get("load", {"normal_request_after": {"status": 200, "seconds": 0}})
-    after = load["normal_request_after"]
-    ok = after["status"] == 200 and after["seconds"] < 1 and results["largest"]["status"] == 200
-    print("ok" if ok else "FAILED", "- results in", args.out / "results.json")
-    return 0 if ok else 1
+    print("ok" if passed(results) else "FAILED", "- results in", args.out / "results.json")
+    return 0 if passed(results) else 1
+
+
+def passed(results: dict) -> bool:
+    """Every check of the module's docstring: answers after the load, the largest requests
+    answered alone (200, or 503 when they take longer than the deadline), every concurrent
+    client answered within a few seconds of the deadline, and memory near one request's."""
+    ok = True
+    for phase in ("load", "concurrent"):
+        after = results.get(phase, {}).get("normal_request_after", {"status": 200, "seconds": 0})
+        ok &= after["status"] == 200 and after["seconds"] < 1
+    ok &= all(results[f"largest_{k}"]["status"] in (200, 503) for k in ("beam", "influence"))
+    if "concurrent" in results:
+        c, deadline = results["concurrent"], results["server_deadline_s"]
+        ok &= set(c["statuses"]) <= {200, 503} and c["max_s"].get("503", 0) < deadline + 5
+        alone = max(results[f"largest_{k}"]["peak_rss_mb"] for k in ("beam", "influence"))
+        ok &= c["peak_rss_mb"] < 1.5 * alone
+    return bool(ok)
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ window.onerror = function (message) {
 (function () {
   const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
   const $ = (id) => document.getElementById(id);
-  const VIEWS = ["step", "heatmap", "lines", "model"];
+  const VIEWS = ["step", "heatmap", "lines", "model", "interventions"];
+  const MAPS = ["attention", "influence"];
   // viridis at 0, 1/4, 1/2, 3/4, 1
   const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const MIN_CELL = 20, MAX_CELL = 36;
-  const state = { sentence: 0, layer: 1, head: "mean", step: 1, view: "step" };
+  // spec: the intervention shown, as "KIND:LAYER", "KIND:all" or "mask:N" (null: the first held)
+  const state = { sentence: 0, layer: 1, head: "mean", step: 1, view: "step", map: "attention",
+    spec: null };
   const tooltip = $("tooltip");
 
   function colour(t) {
@@ -54,10 +57,11 @@ window.onerror = function (message) {
     return maps[state.layer - 1][headIndex(r)].w[state.step - 1];
   }
 
-  // --- hover: source token, target token, weight --------------------------------------
-  function showTip(event, r, i, j, w) {
+  // --- hover: source token, target token, weight (or what the map measures) ------------
+  function showTip(event, r, i, j, w, measure) {
     tooltip.textContent = "source " + (j + 1) + ": " + r.src[j] + "  \u00b7  target " +
-      (i + 1) + ": " + r.tgt[i] + "  \u00b7  weight " + Number(w).toFixed(4);
+      (i + 1) + ": " + r.tgt[i] + "  \u00b7  " + (measure || "weight") + " " +
+      Number(w).toFixed(4);
     tooltip.style.left = (event.clientX + 14) + "px";
     tooltip.style.top = (event.clientY + 14) + "px";
     tooltip.style.display = "block";
@@ -69,7 +73,9 @@ window.onerror = function (message) {
       if (!event.target.closest || !event.target.closest("canvas")) hideTip();
       return;
     }
-    showTip(event, rec(), +target.dataset.i, +target.dataset.j, target.dataset.w);
+    const table = target.closest("table");
+    showTip(event, rec(), +target.dataset.i, +target.dataset.j, target.dataset.w,
+      table && table.dataset.measure);
   });
 
   // --- heatmap ------------------------------------------------------------------------
@@ -80,9 +86,12 @@ window.onerror = function (message) {
     return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(avail / r.src.length)));
   }
 
-  function drawHeatmap(table, r, map, withNumbers, current) {
+  // numbers: columns beside the map, {head: [titles], row: (i) => [texts]}, or null.
+  // measure: what a cell's value is, for the tooltip.
+  function drawHeatmap(table, r, map, numbers, current, measure) {
     const labelWidth = 12 + 8 * Math.max(...r.tgt.map((t) => t.length));
-    table.style.setProperty("--cell", cellSize(r, labelWidth + (withNumbers ? 200 : 0)) + "px");
+    table.style.setProperty("--cell", cellSize(r, labelWidth + (numbers ? 200 : 0)) + "px");
+    table.dataset.measure = measure || "weight";
     table.textContent = "";
     const head = el("thead");
     const top = el("tr");
@@ -92,9 +101,9 @@ window.onerror = function (message) {
       th.appendChild(el("span", t));
       top.appendChild(th);
     });
-    if (withNumbers) {
+    if (numbers) {
       top.appendChild(el("td", "", "sep"));
-      ["entropy (bits)", "EOS mass", "punct mass"].forEach((t) => top.appendChild(el("th", t)));
+      numbers.head.forEach((t) => top.appendChild(el("th", t)));
     }
     head.appendChild(top);
     table.appendChild(head);
@@ -110,10 +119,9 @@ window.onerror = function (message) {
         Object.assign(td.dataset, { i: i, j: j, w: v });
         tr.appendChild(td);
       });
-      if (withNumbers) {
+      if (numbers) {
         tr.appendChild(el("td", "", "sep"));
-        [map.entropy[i], map.eos[i], map.punct[i]].forEach(
-          (x) => tr.appendChild(el("td", x.toFixed(2), "num")));
+        numbers.row(i).forEach((x) => tr.appendChild(el("td", x, "num")));
       }
       body.appendChild(tr);
     });
@@ -127,6 +135,18 @@ window.onerror = function (message) {
       table.style.setProperty("--cell", fit + "px");
     }
   }
+
+  const attentionNumbers = (map) => ({
+    head: ["entropy (bits)", "EOS mass", "punct mass"],
+    row: (i) => [map.entropy[i], map.eos[i], map.punct[i]].map((x) => x.toFixed(2)),
+  });
+  // Per row: the source position attended most (the mean of every layer and head), the one
+  // whose hiding lowers the row's token most, and whether they are one.
+  const agreementNumbers = (r) => ({
+    head: ["most attended", "most influential", "same"],
+    row: (i) => [r.src[r.influence.attended[i]], r.src[r.influence.influential[i]],
+      r.influence.agree[i] ? "yes" : "no"],
+  });
 
   // --- step-through -------------------------------------------------------------------
   function stopText(r) {
@@ -196,6 +216,18 @@ window.onerror = function (message) {
     });
   }
 
+  function drawAgreement(r) {
+    const box = $("step-agreement");
+    box.textContent = "";
+    if (!r.influence) return;
+    const i = currentRow(r), f = r.influence;
+    box.dataset.agree = f.agree[i];
+    box.append("most attended (mean of every layer and head): ", el("b", r.src[f.attended[i]]),
+      "; most influential (occlusion): ", el("b", r.src[f.influential[i]]), " \u2014 ",
+      el("span", f.agree[i] ? "the same position" : "not the same",
+        f.agree[i] ? "agree" : "disagree"));
+  }
+
   function drawStep(r) {
     const s = r.steps[state.step - 1];
     const slider = $("step-slider");
@@ -219,8 +251,38 @@ window.onerror = function (message) {
     });
     drawEosTrace(r);
     drawStepRow(r);
-    drawHeatmap($("step-map"), r, currentMap(r), false, currentRow(r));
+    drawAgreement(r);
+    drawHeatmap($("step-map"), r, currentMap(r), r.influence ? agreementNumbers(r) : null,
+      currentRow(r));
     drawHypotheses(r);
+  }
+
+  // --- heatmap view: attention or influence, each with its own legend -------------------
+  function drawMapView(r) {
+    const influence = state.map === "influence";
+    const map = influence ? r.influence : currentMap(r);
+    document.querySelectorAll(".toggle button").forEach((b) => {
+      b.setAttribute("aria-pressed", String(b.dataset.map === state.map));
+      b.disabled = b.dataset.map === "influence" && !r.influence;
+      b.title = b.disabled ? "not computed for this sentence" +
+        (DATA.form ? ": tick influence and translate again" : "") : "";
+    });
+    $("map-title").textContent = map.title;
+    $("map-summary").textContent = map.summary;
+    $("legend-max").textContent = map.vmax.toFixed(3);
+    $("legend-text").textContent = influence
+      ? "(colour relative to this map's largest drop in log-probability, in nats; a rise, " +
+        "where hiding a position made the token more likely, is drawn as 0)"
+      : "(colour relative to this map's largest weight)";
+    $("map-measures").textContent = influence
+      ? map.note + " Not a property of the layer and head chosen above: a position is " +
+        "hidden from every layer at once. Rows and columns as in the attention map."
+      : "Attention: how much each output position (row) read from each source position, in " +
+        "layer " + state.layer + ", head " + state.head + "; each row sums to 1. It shows " +
+        "where a query read, not what the source did to the output: the influence map " +
+        "measures that one way.";
+    drawHeatmap($("heatmap"), r, map, influence ? agreementNumbers(r) : attentionNumbers(map),
+      currentRow(r), influence ? "drop (nats)" : "weight");
   }
 
   // --- line view ----------------------------------------------------------------------
@@ -307,6 +369,119 @@ window.onerror = function (message) {
     });
   }
 
+  // --- interventions: held ones (a written page), or asked of the server (serve) ----------
+  const specOf = (c) => c.kind === "mask" ? "mask:" + c.masked
+    : c.kind + ":" + (c.layer === null ? "all" : c.layer);
+  const held = (r, spec) => r.interventions.find((c) => specOf(c) === spec);
+  const info = (length, stop) => "(" + length + " subwords, stop reason " + stop + ")";
+
+  function drawWords(box, words, changed) {
+    box.textContent = "";
+    words.forEach((w, k) => {
+      if (k) box.append(" ");
+      box.appendChild(el(changed[k] ? "mark" : "span", w));
+    });
+  }
+
+  function interventionsNote(r) {
+    const greedy = r.decoding === "greedy search" ? "" : " They decode greedily, so " +
+      "\u201cwithout\u201d is greedy search's output, which can differ from the translation " +
+      "above (" + r.decoding + ").";
+    if (DATA.form) {
+      return "Decode this sentence again with one layer's (or every layer's) cross-attention " +
+        "weights replaced, or a source word hidden from every layer: the server computes it. " +
+        "Changed words are marked." + greedy;
+    }
+    const specs = r.interventions.map((c) => c.spec).join(", ") || "none";
+    return "This page holds the interventions it was written with: " + specs + " (every " +
+      "page has uniform and permuted weights in each layer and in all at once; " +
+      "--intervene adds more). Others: seq2seq attention RUN SENTENCE --intervene KIND:N, " +
+      "or seq2seq serve. Changed words are marked." + greedy;
+  }
+
+  function drawInterventions(r) {
+    const spec = state.spec || (r.interventions.length ? specOf(r.interventions[0]) : null);
+    const shown = spec && held(r, spec);
+    $("interventions-note").textContent = interventionsNote(r);
+    $("intervene").hidden = !DATA.form;
+    if (spec && !spec.startsWith("mask:")) {
+      const [kind, where] = spec.split(":");
+      $("kind-select").value = kind;
+      $("where-select").value = where;
+    }
+    const words = $("mask-words");
+    words.textContent = "";
+    r.src.forEach((t, j) => {
+      const b = el("button", t, spec === "mask:" + (j + 1) ? "masked" : "");
+      b.type = "button";
+      b.dataset.position = j + 1;
+      b.title = "hide \u201c" + t + "\u201d from every layer's cross-attention";
+      b.addEventListener("click", () => choose("mask:" + (j + 1)));
+      words.appendChild(b);
+    });
+    $("intervention-result").hidden = !shown;
+    if (!$("intervention-status").dataset.kind) { // a request's message stays until the next
+      setStatus(spec && !shown && !DATA.form ? "Not on this page: " + spec + "." : "");
+    }
+    if (shown) {
+      drawWords($("original-words"), shown.original_words, shown.removed);
+      $("original-info").textContent = info(shown.original_length, shown.original_stop_reason);
+      $("result-spec").textContent = shown.spec +
+        (shown.masked_token ? " (\u201c" + shown.masked_token + "\u201d hidden)" : "");
+      drawWords($("result-words"), shown.words, shown.changed);
+      $("result-info").textContent = info(shown.length, shown.stop_reason) + ", " +
+        shown.changed.filter(Boolean).length + " of " + shown.words.length + " words changed";
+    }
+    const table = $("interventions");
+    table.textContent = "";
+    if (!r.interventions.length) return;
+    const head = el("tr");
+    ["intervention", "translation", "words changed", "length", "stop"].forEach(
+      (t) => head.appendChild(el("th", t)));
+    table.appendChild(head);
+    r.interventions.forEach((c) => {
+      const tr = el("tr", undefined, specOf(c) === spec ? "chosen" : "");
+      tr.dataset.spec = specOf(c);
+      [c.spec, c.translation, c.changed.filter(Boolean).length, c.length, c.stop_reason]
+        .forEach((t) => tr.appendChild(el("td", t)));
+      tr.addEventListener("click", () => choose(specOf(c)));
+      table.appendChild(tr);
+    });
+  }
+
+  // kind: "" (a note), "pending" (a request is out) or "error" (its answer)
+  function setStatus(text, kind) {
+    const status = $("intervention-status");
+    status.textContent = text;
+    status.dataset.kind = kind || "";
+    if (kind !== undefined) document.body.setAttribute("data-intervention", kind || "ok");
+  }
+
+  // Show an intervention: held, or (served) asked of the server, then held.
+  function choose(spec) {
+    const r = rec(), form = DATA.form;
+    if (held(r, spec) || !form) {
+      setStatus("");
+      setState({ spec: spec });
+      return;
+    }
+    const body = new URLSearchParams({ text: r.source, spec: spec, max_len: form.max_len || "",
+      ban_eos: form.ban_eos ? "1" : "", words: form.words ? "1" : "" });
+    setStatus("decoding with " + spec + " \u2026", "pending");
+    fetch("/intervene", { method: "POST", body: body })
+      .then((response) => response.json().then((answer) => [response.status, answer]))
+      .then(([code, answer]) => {
+        if (!answer.intervention) {
+          setStatus(answer.error + " (HTTP " + code + ")", "error");
+          return;
+        }
+        r.interventions.push(answer.intervention);
+        setStatus("", "");
+        if (rec() === r) setState({ spec: spec }); // unless another sentence is shown now
+      })
+      .catch((e) => setStatus("no answer from the server: " + e, "error"));
+  }
+
   // --- state --------------------------------------------------------------------------
   function render() {
     const r = rec();
@@ -323,18 +498,15 @@ window.onerror = function (message) {
     $("stop-info").textContent = stopText(r);
     $("notes").textContent = (r.notes || []).join("; ");
     $("word-note").textContent = r.word_level || "";
-    const map = currentMap(r);
     if (state.view === "step") drawStep(r);
-    if (state.view === "heatmap") {
-      $("map-title").textContent = map.title;
-      $("map-summary").textContent = map.summary;
-      $("legend-max").textContent = map.vmax.toFixed(3);
-      drawHeatmap($("heatmap"), r, map, true, currentRow(r));
-    }
+    if (state.view === "heatmap") drawMapView(r);
     if (state.view === "lines") drawLines(r);
     if (state.view === "model") drawModel(r);
+    if (state.view === "interventions") drawInterventions(r);
     const attrs = { view: state.view, sentence: state.sentence + 1, step: state.step,
-      layer: state.layer, head: state.head };
+      layer: state.layer, head: state.head, map: state.map };
+    if (state.spec) attrs.spec = state.spec;
+    document.body.removeAttribute("data-spec");
     Object.entries(attrs).forEach(([k, v]) => document.body.setAttribute("data-" + k, v));
     const hash = Object.entries(attrs).map(([k, v]) => k + "=" + v).join("&");
     history.replaceState(null, "", "#" + hash);
@@ -344,6 +516,7 @@ window.onerror = function (message) {
     Object.assign(state, changes);
     const r = rec();
     state.step = Math.min(Math.max(1, state.step), r.steps.length);
+    if (!r.influence) state.map = "attention"; // the toggle is off where none was computed
     render();
   }
 
@@ -357,8 +530,9 @@ window.onerror = function (message) {
     const headText = p.get("head") || "mean";
     const head = headText === "mean" ? "mean" : parseInt(headText, 10);
     const view = p.get("view") || "step";
-    const out = { sentence: 0, layer: 1, head: "mean", view: "step",
-      step: parseInt(p.get("step") || "1", 10) || 1 };
+    const map = p.get("map") || "attention";
+    const out = { sentence: 0, layer: 1, head: "mean", view: "step", map: "attention",
+      spec: p.get("spec"), step: parseInt(p.get("step") || "1", 10) || 1 };
     if (sentence >= 1 && sentence <= DATA.records.length) out.sentence = sentence - 1;
     else wrong.push("sentence " + p.get("sentence"));
     if (layer >= 1 && layer <= r0.n_layers && (head === "mean" || (head >= 1 && head <= r0.n_heads))) {
@@ -366,8 +540,11 @@ window.onerror = function (message) {
       out.head = head;
     } else wrong.push("layer " + p.get("layer") + ", head " + headText);
     if (VIEWS.includes(view)) out.view = view; else wrong.push("view " + view);
+    if (MAPS.includes(map) && (map === "attention" || DATA.records[out.sentence].influence)) {
+      out.map = map;
+    } else wrong.push("map " + map);
     $("note").textContent = wrong.length ? "No map for " + wrong.join("; ") +
-      "; showing the first sentence, layer 1, head mean where that was asked." : "";
+      "; showing the first sentence, layer 1, head mean, attention where that was asked." : "";
     setState(out);
   }
 
@@ -380,6 +557,7 @@ window.onerror = function (message) {
     $("max-len").value = form.max_len || "";
     $("ban-eos").checked = !!form.ban_eos;
     $("words").checked = !!form.words;
+    $("influence").checked = !!form.influence;
   }
 
   function setUp() {
@@ -392,10 +570,15 @@ window.onerror = function (message) {
     for (let l = 1; l <= r0.n_layers; l++) option($("layer-select"), String(l), String(l));
     for (let h = 1; h <= r0.n_heads; h++) option($("head-select"), String(h), String(h));
     option($("head-select"), "mean", "mean");
+    option($("where-select"), "all", "all");
+    for (let l = 1; l <= r0.n_layers; l++) option($("where-select"), String(l), String(l));
     $("legend-bar").style.background =
       "linear-gradient(to right," + STOPS.map((c) => "rgb(" + c.join(",") + ")").join(",") + ")";
 
-    $("sentence-select").addEventListener("change", (e) => setState({ sentence: +e.target.value, step: 1 }));
+    $("sentence-select").addEventListener("change", (e) => {
+      setStatus("");
+      setState({ sentence: +e.target.value, step: 1, spec: null });
+    });
     $("layer-select").addEventListener("change", (e) => setState({ layer: +e.target.value }));
     $("head-select").addEventListener("change", (e) => {
       setState({ head: e.target.value === "mean" ? "mean" : +e.target.value });
@@ -403,6 +586,14 @@ window.onerror = function (message) {
     document.querySelectorAll(".tabs button").forEach((b) => {
       b.addEventListener("click", () => setState({ view: b.dataset.view }));
     });
+    document.querySelectorAll(".toggle button").forEach((b) => {
+      b.addEventListener("click", () => setState({ map: b.dataset.map }));
+    });
+    const replacement = () => $("kind-select").value + ":" + $("where-select").value;
+    ["kind-select", "where-select"].forEach((id) => $(id).addEventListener("change", () => {
+      if (!DATA.form) choose(replacement()); // a written page: show what it holds
+    }));
+    $("intervene").addEventListener("click", () => choose(replacement()));
     $("step-slider").addEventListener("input", (e) => setState({ step: +e.target.value }));
     $("prev").addEventListener("click", () => setState({ step: state.step - 1 }));
     $("next").addEventListener("click", () => setState({ step: state.step + 1 }));
