@@ -379,3 +379,23 @@ def test_the_page_size_quoted_in_the_docs_is_its_record():
         f"{record['page']['sentences']} sentences",
     ):
         assert figure in text, figure
+
+
+def test_the_influence_cost_quoted_in_the_docs_is_its_record():
+    """docs/explorer.md quotes the default model's influence time and page size as recorded."""
+    record = json.loads((REPO / "experiments/influence/de-en.json").read_text("utf-8"))
+    text = " ".join((REPO / "docs/explorer.md").read_text(encoding="utf-8").split())
+    assert "experiments/influence/de-en.json" in text
+    for figure in (
+        f"{record['occlude_s'] * 1000:.1f} ms",
+        f"{record['extra_share']:.0%}",
+        f"{record['translate_s'] * 1000:.1f} ms",
+        f"{record['src_subwords']} source subwords",
+        f"{record['tgt_subwords']} output subwords",
+        f"{record['passes']} decoder passes",
+        f"{record['page']['bytes']['written'] / 1000:.0f} kB",
+        f"{record['page']['influence_share']:.1%}",
+        f"{record['threads']} threads",
+        f"{record['model']['steps']:,} steps",
+    ):
+        assert figure in text, figure
