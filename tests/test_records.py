@@ -404,6 +404,13 @@ QUOTED = {
         ("sweep-deen-do0.3-4900", None, "loss", 3),
         ("ladder-deen-do0.1-1200", 1190, "bleu", 2),
         ("ladder-deen-do0.3-1200", None, "bleu", 2),
+        ("ladder-deen-late-1200", 1190, "bleu", 2),
+        ("ladder-deen-late-2500", 2380, "bleu", 2),
+        ("ladder-deen-do0.1-2500", None, "bleu", 2),
+        ("ladder-deen-late-4900", None, "bleu", 2),
+        ("sweep-deen-do0.3-4900", None, "bleu", 2),
+        ("default-deen-s2", 2856, "bleu", 2),
+        ("default-deen-s1", 2856, "bleu", 2),
     ],
 }
 # Figures printed as records print BLEU and loss (two or more decimals), in a paragraph that
