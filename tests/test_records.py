@@ -407,6 +407,7 @@ QUOTED = {
         ("ladder-deen-late-1200", 1190, "bleu", 2),
         ("ladder-deen-late-2500", 2380, "bleu", 2),
         ("ladder-deen-do0.1-2500", None, "bleu", 2),
+        ("ladder-deen-do0.3-2500", None, "bleu", 2),
         ("ladder-deen-late-4900", None, "bleu", 2),
         ("sweep-deen-do0.3-4900", None, "bleu", 2),
         ("default-deen-s2", 2856, "bleu", 2),
