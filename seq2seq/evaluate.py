@@ -20,10 +20,9 @@ import json
 from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sacrebleu.metrics import BLEU, CHRF
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 from seq2seq.checkpoint import BEST_FILE, sha256_of, split_run_path, weights_identity
 from seq2seq.config import DecodeConfig
@@ -31,6 +30,9 @@ from seq2seq.corpora import open_corpus
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.translate import DecodeProgress, Translation, Translator
+
+if TYPE_CHECKING:
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 # Targets written without spaces between words, where 13a would see a sentence as one word:
 # sacreBLEU's choice for ``-l`` first, then characters where MeCab's optional packages are
@@ -186,7 +188,10 @@ def lc_norm_tok(lines: Iterable[str], lang: str) -> list[str]:
 
 @functools.cache
 def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
-    """sacremoses' normaliser and tokenizer for ``lang``, built once (zh's takes seconds)."""
+    """sacremoses' normaliser and tokenizer for ``lang``, built once (zh's takes seconds);
+    imported here, since importing sacremoses alone takes half a second."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
     # perl_parity: a lone ’ becomes " as in the Perl script, not '
     return MosesPunctNormalizer(lang=lang, perl_parity=True), MosesTokenizer(lang=lang)
 

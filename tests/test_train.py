@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from seq2seq import checkpoint
 from seq2seq.config import load_config
 from seq2seq.errors import Seq2SeqError
 from seq2seq.precision import autocast_dtype
+from seq2seq.runtime import Runtime, seed_ranks
 from seq2seq.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -387,54 +387,6 @@ def test_torchrun_two_processes_equal_one_process_and_only_rank_0_writes(tmp_pat
     assert result.stderr.count("valid loss") == len(read_metrics(tmp_path / "ddp", "valid")) == 1
 
 
-@needs_gloo
-def test_torchrun_resume_is_exact(tmp_path):
-    # Each segment is a torchrun job of its own, as a real interruption and resume are:
-    # straight to step 18, and interrupted at step 7, then resumed to 18. With dropout on,
-    # each rank draws different masks; both ranks' RNG states must survive the interruption.
-    config = write_tiny_yaml(tmp_path / "tiny.yaml")
-
-    def job(*args: str) -> None:
-        result = torchrun(["-m", "seq2seq", "train", "--no-progress", *args])
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    job("--config", str(config), "--out", str(tmp_path / "straight"), "--max-steps", "18")
-    job("--config", str(config), "--out", str(tmp_path / "interrupted"), "--max-steps", "7")
-    job("--resume", "--out", str(tmp_path / "interrupted"), "--max-steps", "18")
-    # Once the model is built, each rank draws its own dropout masks; rank 0 goes on as one
-    # process would.
-    script = tmp_path / "draws.py"
-    script.write_text(
-        textwrap.dedent(f"""
-        import json, torch
-        import torch.distributed as dist
-        from seq2seq.runtime import Runtime, gather, leave_process_group, seed_ranks
-        dist.init_process_group("gloo")
-        runtime = Runtime(dist.get_rank(), dist.get_world_size())
-        torch.manual_seed(5)
-        seed_ranks(5, runtime)
-        draws = gather(runtime, torch.rand(3).tolist())
-        if runtime.main:
-            open({str(tmp_path / "draws.json")!r}, "w").write(json.dumps(draws))
-        leave_process_group()
-    """)
-    )
-    result = torchrun([str(script)])
-    assert result.returncode == 0, result.stderr[-3000:]
-    straight, interrupted = (
-        train_losses(tmp_path / "straight"),
-        train_losses(tmp_path / "interrupted"),
-    )
-    assert sorted(interrupted) == list(range(1, 19))
-    for step in range(1, 19):
-        assert interrupted[step] == pytest.approx(straight[step], rel=0, abs=1e-6), step
-    tensors, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
-    assert not torch.equal(tensors["rng.torch"], tensors["rng.torch.1"])  # one state per rank
-    rank0, rank1 = json.loads((tmp_path / "draws.json").read_text())
-    torch.manual_seed(5)
-    assert rank0 == torch.rand(3).tolist() and rank1 != rank0
-
-
 def rank_pid(parent: int, rank: int) -> int | None:
     """The pid of the torchrun worker of ``rank`` under the launcher ``parent``, if started."""
     for proc in Path("/proc").iterdir():
@@ -451,13 +403,17 @@ def rank_pid(parent: int, rank: int) -> int | None:
 
 @needs_gloo
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank in /proc")
-def test_torchrun_a_signal_to_one_rank_stops_every_rank_saved_and_resumable(tmp_path):
-    run = tmp_path / "run"
+def test_torchrun_a_signal_to_one_rank_stops_every_rank_and_the_resume_is_exact(tmp_path):
+    # Each segment is a torchrun job of its own, as a real interruption and resume are: a
+    # job stopped by SIGTERM to rank 1 alone, resumed past the next epoch's start, against
+    # one job straight to the same step. With dropout on, each rank draws different masks;
+    # both ranks' RNG states must survive the interruption.
+    run, straight = tmp_path / "interrupted", tmp_path / "straight"
     config_file = write_tiny_yaml(tmp_path / "tiny.yaml", train__max_steps=100000)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command += ["-m", "seq2seq", "train", "--config", str(config_file), "--out", str(run)]
+    command += ["-m", "seq2seq", "train", "--no-progress", "--config", str(config_file)]
     proc = subprocess.Popen(
-        [*command, "--no-progress"],
+        [*command, "--out", str(run)],
         cwd=REPO,
         env=subprocess_env(),
         stdout=subprocess.PIPE,
@@ -479,9 +435,27 @@ def test_torchrun_a_signal_to_one_rank_stops_every_rank_saved_and_resumable(tmp_
     assert proc.returncode == 0, err[-3000:]
     assert err.count("stopped: signal SIGTERM") == 1 and "Traceback" not in err
     stopped_at = checkpoint.read_tensors(run / checkpoint.LAST_FILE)[1]["step"]
-    resumed = torchrun([*command[5:], "--resume", "--max-steps", str(stopped_at + 2)])
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert sorted(train_losses(run)) == list(range(1, stopped_at + 3))
+    steps = max(stopped_at + 3, 14)  # the resumed job starts at least one epoch anew
+    for args in (["--resume", "--out", str(run)], [*command[9:], "--out", str(straight)]):
+        job = torchrun([*command[5:9], *args, "--max-steps", str(steps)])
+        assert job.returncode == 0, job.stderr[-3000:]
+    interrupted, uninterrupted = train_losses(run), train_losses(straight)
+    assert sorted(interrupted) == sorted(uninterrupted) == list(range(1, steps + 1))
+    for step in range(1, steps + 1):
+        assert interrupted[step] == pytest.approx(uninterrupted[step], rel=0, abs=1e-6), step
+    tensors, _ = checkpoint.read_tensors(straight / checkpoint.LAST_FILE)
+    assert not torch.equal(tensors["rng.torch"], tensors["rng.torch.1"])  # one state per rank
+
+
+def test_once_the_model_is_built_each_rank_draws_its_own_masks_and_rank_0_a_single_ones():
+    def draws(rank: int) -> list[float]:
+        torch.manual_seed(5)
+        seed_ranks(5, Runtime(rank, 2))
+        return torch.rand(3).tolist()
+
+    torch.manual_seed(5)
+    single = torch.rand(3).tolist()
+    assert draws(0) == single != draws(1)
 
 
 def test_cli_train_flags_reach_the_config(tmp_path):
