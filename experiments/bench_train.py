@@ -283,9 +283,10 @@ KINDS = {
 }
 
 
-def print_profile(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -> None:
-    """The operators that take our step's time (torch.profiler, self CPU time), and the
-    share of each kind in ``KINDS``."""
+def profile_step(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -> dict:
+    """The operators that take our step's time (torch.profiler, self CPU time), printed, and
+    the share of each kind in ``KINDS``: printed and returned, with the operators that take
+    the most."""
     from torch.profiler import ProfilerActivity, profile
 
     for batch in warmup:
@@ -307,6 +308,44 @@ def print_profile(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -
     )
     for kind, share in sorted(shares.items(), key=lambda item: -item[1]):
         print(f"  {kind:22} {100 * share:5.1f}%")
+    top = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:10]
+    return {
+        "steps": len(batches),
+        "tokens_per_s": tokens / seconds,
+        "ms_per_step": 1000 * seconds / len(batches),
+        "shares": shares,
+        "operators": [
+            {"name": e.key, "calls": e.count, "share": e.self_cpu_time_total / total} for e in top
+        ],
+    }
+
+
+def write_record(
+    path: Path,
+    kind: str,
+    args: argparse.Namespace,
+    config,
+    source: str,
+    n_params: int,
+    dtype: torch.dtype | None,
+    fields: dict,
+) -> None:
+    """The JSON record ``experiments.records`` renders: what ran, where, and ``fields``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": kind,
+        "command": ["python", *sys.argv],
+        "environment": machine(),
+        "data": source,
+        "max_tokens": config.data.max_tokens,
+        "model_config": vars(config.model),
+        "parameters": n_params,
+        "threads": torch.get_num_threads(),
+        "precision": "bf16" if dtype else "fp32",
+        **fields,
+        "quick": args.quick,
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def main() -> None:
@@ -386,7 +425,19 @@ def main() -> None:
     ours = build_model(c)
     trainees = [Trainee("seq2seq", ours, config, dtype)]
     if args.profile:
-        print_profile(trainees[0], batches[: args.warmup], batches[args.warmup :][: args.profile])
+        profiled = batches[args.warmup :][: args.profile]
+        found = profile_step(trainees[0], batches[: args.warmup], profiled)
+        if args.json:
+            write_record(
+                args.json,
+                "profile",
+                args,
+                config,
+                source,
+                n_params=count(ours.parameters()),
+                dtype=dtype,
+                fields={"profile": found},
+            )
         return
     for nested, tgt_pad in ((True, True), (False, True), (False, False)):
         name = f"nn.Transformer, nested {'on' if nested else 'off'}, tgt padding mask {'on' if tgt_pad else 'off'}"
@@ -490,32 +541,16 @@ def main() -> None:
         )
 
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(
-            json.dumps(
-                {
-                    "benchmark": "train",
-                    "command": ["python", *sys.argv],
-                    "environment": machine(),
-                    "data": source,
-                    "batches": len(batches),
-                    "max_tokens": config.data.max_tokens,
-                    "model_config": vars(c),
-                    "parameters": n_ours,
-                    "threads": torch.get_num_threads(),
-                    "precision": used,
-                    "rounds": args.rounds,
-                    "steps_per_round": args.steps,
-                    "matmul_peak_flops_per_s": peaks,
-                    "results": results,
-                    "speedup_vs_best_reference": speedup,
-                    "speedup_goal": SPEEDUP_GOAL,
-                    "quick": args.quick,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        fields = {
+            "batches": len(batches),
+            "rounds": args.rounds,
+            "steps_per_round": args.steps,
+            "matmul_peak_flops_per_s": peaks,
+            "results": results,
+            "speedup_vs_best_reference": speedup,
+            "speedup_goal": SPEEDUP_GOAL,
+        }
+        write_record(args.json, "train", args, config, source, n_ours, dtype, fields)
 
 
 if __name__ == "__main__":

@@ -140,10 +140,12 @@ def _readme_bytes(name: str) -> bytes | None:
     return path.read_bytes() if path.exists() else None
 
 
-def test_bench_train_profile_says_where_the_step_time_goes():
+def test_bench_train_profile_says_where_the_step_time_goes_and_records_it(tmp_path):
     script = REPO / "experiments" / "bench_train.py"
+    out = tmp_path / "results" / "profile" / "benchmark.json"
     done = subprocess.run(
-        [sys.executable, str(script), "--quick", "--profile", "2", "--threads", "1"],
+        [sys.executable, str(script), "--quick", "--profile", "2", "--threads", "1"]
+        + ["--json", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -154,6 +156,16 @@ def test_bench_train_profile_says_where_the_step_time_goes():
     shares = {line[:24].strip(): float(line[24:].rstrip("%")) for line in summary if line}
     assert shares["matrix multiplies"] > 0 and "other" in shares
     assert sum(shares.values()) == pytest.approx(100, abs=0.5)
+    # the record holds what was printed; the results page renders it
+    profile = json.loads(out.read_text())["profile"]
+    assert {k: round(100 * v, 1) for k, v in profile["shares"].items()} == shares
+    sys.path.insert(0, str(REPO))
+    from experiments.records.render import load_records, results_page
+
+    page = results_page(load_records(tmp_path / "results"))
+    section = page.split("## Where a training step's time goes")[1].split("\n## ")[0]
+    assert f"| matrix multiplies | {profile['shares']['matrix multiplies']:.1%} |" in section
+    assert f"| `{profile['operators'][0]['name']}` |" in section and "--quick" in section
 
 
 def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_path):

@@ -21,16 +21,19 @@ NEEDS = {
         "results",
         "speedup_vs_best_reference",
     ),
+    "profile": ("environment", "model_config", "parameters", "precision", "profile"),
     "decode": ("environment", "setup", "cases", "bleu"),
 }
 
 
 def speed_sections(folders: list[Path]) -> str:
-    """A section per benchmark record: training ones first, then decoding."""
+    """A section per benchmark record: training ones first, then where a training step's
+    time goes, then decoding."""
     loaded = [(folder.name, _benchmark(folder)) for folder in folders]
     parts = []
     for kind, title, render in (
         ("train", "Training speed", train_speed),
+        ("profile", "Where a training step's time goes", profile_table),
         ("decode", "Decoding speed", decode_speed),
     ):
         found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
@@ -72,15 +75,43 @@ def _weights(b: dict[str, Any]) -> str:
     return f" (weights {m['weights']}, sha256 `{m['sha256'][:16]}…`)" if m else ""
 
 
-def train_speed(name: str, b: dict[str, Any]) -> str:
-    """Target tokens/s of each set-up, its spread over rounds and its share of the peaks."""
-    c, peaks = b["model_config"], b["matmul_peak_flops_per_s"]
+def _model_line(b: dict[str, Any]) -> str:
+    c = b["model_config"]
+    return (
+        f"{environment_line(b['environment'])}; d_model {c['d_model']}, {c['n_heads']} heads, "
+        f"d_ff {c['d_ff']}, {c['n_enc_layers']}+{c['n_dec_layers']} layers, "
+        f"{b['parameters']:,} parameters, {b['precision']}"
+    )
+
+
+def profile_table(name: str, b: dict[str, Any]) -> str:
+    """``bench_train.py --profile``: the share of the step's self CPU time by kind of
+    operator, and the operators that take the most."""
+    p = b["profile"]
     lines = [
         f"### `{name}`",
         "",
-        f"{environment_line(b['environment'])}; d_model {c['d_model']}, {c['n_heads']} heads, "
-        f"d_ff {c['d_ff']}, {c['n_enc_layers']}+{c['n_dec_layers']} layers, "
-        f"{b['parameters']:,} parameters, {b['precision']}; median of {b['rounds']} rounds of "
+        f"{_model_line(b)}; {p['steps']} steps under torch.profiler, "
+        f"{p['tokens_per_s']:,.0f} target tokens/s ({p['ms_per_step']:.0f} ms a step) with the "
+        f"profiler on.{_quick(b)}{_command(b)}",
+        "",
+        "| kind | share of self CPU time |",
+        "|---|---:|",
+    ]
+    shares = sorted(p["shares"].items(), key=lambda item: -item[1])
+    lines += [f"| {kind} | {share:.1%} |" for kind, share in shares]
+    lines += ["", "| operator | calls | share |", "|---|---:|---:|"]
+    lines += [f"| `{o['name']}` | {o['calls']:,} | {o['share']:.1%} |" for o in p["operators"]]
+    return "\n".join(lines)
+
+
+def train_speed(name: str, b: dict[str, Any]) -> str:
+    """Target tokens/s of each set-up, its spread over rounds and its share of the peaks."""
+    peaks = b["matmul_peak_flops_per_s"]
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{_model_line(b)}; median of {b['rounds']} rounds of "
         f"{b['steps_per_round']} steps.{_quick(b)}{_command(b)}",
         "",
         train_table(b["results"], peaks),
