@@ -405,6 +405,7 @@ QUOTED = {
         ("ladder-deen-do0.1-1200", 1190, "bleu", 2),
         ("ladder-deen-do0.3-1200", None, "bleu", 2),
         ("ladder-deen-late-1200", 1190, "bleu", 2),
+        ("ladder-deen-late-1200", 952, "bleu", 2),
         ("ladder-deen-late-2500", 2380, "bleu", 2),
         ("ladder-deen-do0.1-2500", None, "bleu", 2),
         ("ladder-deen-do0.3-2500", None, "bleu", 2),
