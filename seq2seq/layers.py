@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seq2seq.attention import AttentionCache, MultiHeadAttention
@@ -30,6 +31,44 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     return table
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose mask costs less on a CPU: eager CPU training draws 16 random bits per
+    element (four to each int64 that ``random_`` fills), where ``F.dropout``'s ``bernoulli_``
+    draws a double. Same law: each element kept with probability 1 - p (to 1/65536) and scaled
+    by 1/(1 - p); masks from torch's default generator, so a seed and ``--resume`` reproduce
+    them. On other devices, and under ``torch.compile``, it is ``F.dropout``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
+            return F.dropout(x, self.p, True, self.inplace)
+        return _ScaledMask.apply(x, keep_mask(x.shape, self.p), self.p)
+
+
+def keep_mask(shape: torch.Size, p: float) -> Tensor:
+    """True with probability 1 - p (to 1/65536), from 16 random bits per element. CPU."""
+    n = math.prod(shape)
+    words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+    threshold = round(p * 65536) - 32768  # an int16 at or above it: probability 1 - p
+    return (words.view(torch.int16)[:n] >= threshold).view(shape)
+
+
+class _ScaledMask(torch.autograd.Function):
+    """``x * keep / (1 - p)``; the gradient is masked and scaled the same way."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, p: float) -> Tensor:
+        scale = keep.to(x.dtype).mul_(1.0 / (1.0 - p))
+        ctx.save_for_backward(scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None, None
+
+
 class Embedding(nn.Module):
     """Token embedding scaled by √D, plus sinusoidal positions, then dropout.
 
@@ -44,7 +83,7 @@ class Embedding(nn.Module):
         self.register_buffer(
             "positions", sinusoidal_table(max_positions, tokens.embedding_dim), persistent=False
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, start: int = 0) -> Tensor:
         end = start + tokens.shape[1]
@@ -60,7 +99,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.up = nn.Linear(d_model, d_ff)
         self.down = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(self.dropout(torch.relu(self.up(x))))
@@ -82,7 +121,7 @@ class EncoderLayer(nn.Module):
         )
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
         h = self.self_attn_norm(x)
@@ -115,7 +154,7 @@ class DecoderLayer(nn.Module):
         )
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
-        self.dropout = nn.Dropout(c.dropout)
+        self.dropout = Dropout(c.dropout)
 
     def forward(
         self,

@@ -202,3 +202,35 @@ def test_tiny_model_learns_to_reverse_sequences():
     with torch.no_grad():
         accuracy = (model(src, tgt_in).argmax(-1) == tgt_out).float().mean().item()
     assert accuracy > 0.95, f"reverse-task accuracy {accuracy:.3f} after {steps} steps"
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_keeps_one_minus_p_and_scales_what_it_keeps(p):
+    from seq2seq.layers import Dropout
+
+    drop = Dropout(p).train()
+    x = torch.rand(1000, 1000) + 1.0  # no zeros of its own
+    y = drop(x)
+    kept = y != 0
+    # 10^6 draws: the kept share's sd is ~0.0005, so 0.003 is six of them
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=3e-3)
+    torch.testing.assert_close(y[kept], x[kept] / (1 - p))
+    assert torch.equal(drop.eval()(x), x)  # evaluation: the identity
+    # a different mask at each call; the same masks again from the same seed
+    torch.manual_seed(0)
+    a, b = drop.train()(x), drop(x)
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), a) and not torch.equal(a, b)
+
+
+def test_dropout_gradient_is_the_same_mask_and_scale():
+    from seq2seq.layers import Dropout
+
+    drop = Dropout(0.3).train()
+    x = (torch.rand(64, 37, 16) + 1.0).requires_grad_()
+    y = drop(x)
+    upstream = torch.randn_like(y)
+    y.backward(upstream)
+    torch.testing.assert_close(x.grad, upstream * (y / x).detach())
+    ratio = (y / x).detach()  # each element dropped or scaled by 1 / (1 - p), nothing else
+    assert torch.all((ratio == 0) | torch.isclose(ratio, torch.tensor(1 / 0.7)))

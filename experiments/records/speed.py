@@ -151,10 +151,15 @@ def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
         f"| {r['model']} | {r['tokens_per_s']:,.0f} "
         f"| {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} | {r['ms_per_step']:.1f} "
         f"| {r['model_flops_per_s'] / 1e9:.2f} | {r['model_flops_per_s'] / peaks['fp32']:.1%} "
-        f"| {r['model_flops_per_s'] / peaks['bf16']:.1%} | {r['warmup_seconds']:.1f} |"
+        f"| {_share(r['model_flops_per_s'], peaks.get('bf16'))} | {r['warmup_seconds']:.1f} |"
         for r in results
     ]
     return "\n".join(lines)
+
+
+def _share(rate: float, peak: float | None) -> str:
+    """``rate`` as a share of ``peak``; a dash where no peak was measured (no native bf16)."""
+    return "—" if peak is None else f"{rate / peak:.1%}"
 
 
 def cases_table(rows: list[dict[str, Any]]) -> str:
