@@ -271,6 +271,23 @@ def test_goals_are_decided_on_the_mean_of_enough_seeds(tmp_path):
     assert "not decided: mean 39.00 over 3 seeds; the goal counts ≥ 4 seeds" in page
 
 
+def test_the_readme_shows_the_headline_recipes_and_results_md_every_recipe(tmp_path):
+    three_seeds(tmp_path)
+    test = {"greedy": 30.5, "beam": 31.5, "literature": 32.5, "chrf": 50.0}
+    write_record(tmp_path, "former-s1", 1, 35.0, test, recipe="former", lr=0.001)
+    assert "| former |" in tuning_or_compact(tmp_path)  # no headline: every recipe
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"headline": ["base"]}))
+    readme = tuning_or_compact(tmp_path)
+    assert "| de→en | base | 3 |" in readme and "former" not in readme
+    assert "| former |" in results_page(load_records(tmp_path))
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"headline": ["base", "bsae"]}))
+    with pytest.raises(RecordError, match="no tested record of 'bsae'"):
+        tuning_or_compact(tmp_path)
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"headline": "base"}))
+    with pytest.raises(RecordError, match="headline must be a list of recipe labels"):
+        load_records(tmp_path)
+
+
 def test_a_missing_record_field_is_a_one_line_error(tmp_path, capsys):
     out = write_record(tmp_path, "base-s1", 1, 40.0)
     record = json.loads((out / "record.json").read_text())

@@ -190,14 +190,24 @@ def recipe_config(folder: Path) -> dict[str, Any]:
 
 
 def load_goals(results: Path) -> dict[str, Any]:
-    """``goals.yaml``: ``min_seeds`` and a list of goals (direction, recipe, metric,
-    at_least); none when the file is absent."""
+    """``goals.yaml``: ``min_seeds``, a list of goals (direction, recipe, metric, at_least)
+    and ``headline``, the recipes the README's table shows (None: every recipe); no goals
+    when the file is absent."""
     path = results / GOALS
     if not path.is_file():
-        return {"min_seeds": 1, "goals": []}
+        return {"min_seeds": 1, "goals": [], "headline": None}
     goals = read_yaml(path) or {}
     for i, goal in enumerate(goals.get("goals", []), 1):
         for field in ("direction", "recipe", "metric", "at_least"):
             if field not in goal:
                 raise RecordError(f"{path}: goal {i} has no '{field}'")
-    return {"min_seeds": goals.get("min_seeds", 1), "goals": goals.get("goals", [])}
+    headline = goals.get("headline")
+    if headline is not None and not (
+        isinstance(headline, list) and all(isinstance(r, str) for r in headline)
+    ):
+        raise RecordError(f"{path}: headline must be a list of recipe labels")
+    return {
+        "min_seeds": goals.get("min_seeds", 1),
+        "goals": goals.get("goals", []),
+        "headline": headline,
+    }

@@ -165,8 +165,16 @@ def _test_sets(found: dict[str, list[Tested]]) -> str:
 
 
 def compact(records: Records) -> str:
-    """The README's block: test BLEU per direction and recipe, the goals, where the rest is."""
-    return compact_table(records.tested, goal_lines(records.goals, records.tested))
+    """The README's block: test BLEU per direction of the headline recipes (goals.yaml's
+    ``headline``; every recipe without one), the goals, where the rest is."""
+    headline = records.goals.get("headline")
+    shown = records.tested
+    if headline is not None:
+        missing = [r for r in headline if r not in {recipe for _, recipe in shown}]
+        if missing:
+            raise RecordError(f"goals.yaml headline: no tested record of {missing[0]!r}")
+        shown = {key: runs for key, runs in shown.items() if key[1] in headline}
+    return compact_table(shown, goal_lines(records.goals, records.tested))
 
 
 def fill_markers(text: str, block: str, page: Path, doc: Path = DOC) -> str:
