@@ -170,7 +170,8 @@ def compact(records: Records) -> str:
     headline = records.goals.get("headline")
     shown = records.tested
     if headline is not None:
-        missing = [r for r in headline if r not in {recipe for _, recipe in shown}]
+        recipes = {recipe for _, recipe in shown}
+        missing = [r for r in headline if r not in recipes]
         if missing:
             raise RecordError(f"goals.yaml headline: no tested record of {missing[0]!r}")
         shown = {key: runs for key, runs in shown.items() if key[1] in headline}
