@@ -366,36 +366,45 @@ def test_the_summary_prints_the_interventions_asked_for_not_the_pages(run_dir, t
     assert "intervention kept (greedy)" in printed and "uniform:1" not in printed
 
 
+def assert_explorer_doc_quotes(record_path: str, figures) -> None:
+    """docs/explorer.md names ``record_path`` and holds every figure ``figures(record)`` gives."""
+    record = json.loads((REPO / record_path).read_text("utf-8"))
+    text = " ".join((REPO / "docs/explorer.md").read_text(encoding="utf-8").split())
+    assert record_path in text
+    for figure in figures(record):
+        assert figure in text, figure
+
+
 def test_the_page_size_quoted_in_the_docs_is_its_record():
     """docs/explorer.md quotes the page size that experiments/influence_timing.py recorded."""
-    record = json.loads((REPO / "experiments/influence/page_size_tour.json").read_text("utf-8"))
-    sizes = record["page"]["bytes"]
-    text = " ".join((REPO / "docs/explorer.md").read_text(encoding="utf-8").split())
-    assert "experiments/influence/page_size_tour.json" in text
-    for figure in (
-        f"{sizes['written'] / 1000:.0f} kB",
-        f"{sizes['maps_influence'] / 1000:.0f} kB",
-        f"{(sizes['maps_influence'] - sizes['maps']) / 1000:.0f} kB",
-        f"{record['page']['sentences']} sentences",
-    ):
-        assert figure in text, figure
+
+    def figures(record):
+        sizes = record["page"]["bytes"]
+        return (
+            f"{sizes['written'] / 1000:.0f} kB",
+            f"{sizes['maps_influence'] / 1000:.0f} kB",
+            f"{(sizes['maps_influence'] - sizes['maps']) / 1000:.0f} kB",
+            f"{record['page']['sentences']} sentences",
+        )
+
+    assert_explorer_doc_quotes("experiments/influence/page_size_tour.json", figures)
 
 
 def test_the_influence_cost_quoted_in_the_docs_is_its_record():
     """docs/explorer.md quotes the default model's influence time and page size as recorded."""
-    record = json.loads((REPO / "experiments/influence/de-en.json").read_text("utf-8"))
-    text = " ".join((REPO / "docs/explorer.md").read_text(encoding="utf-8").split())
-    assert "experiments/influence/de-en.json" in text
-    for figure in (
-        f"{record['occlude_s'] * 1000:.1f} ms",
-        f"{record['extra_share']:.0%}",
-        f"{record['translate_s'] * 1000:.1f} ms",
-        f"{record['src_subwords']} source subwords",
-        f"{record['tgt_subwords']} output subwords",
-        f"{record['passes']} decoder passes",
-        f"{record['page']['bytes']['written'] / 1000:.0f} kB",
-        f"{record['page']['influence_share']:.1%}",
-        f"{record['threads']} threads",
-        f"{record['model']['steps']:,} steps",
-    ):
-        assert figure in text, figure
+
+    def figures(record):
+        return (
+            f"{record['occlude_s'] * 1000:.1f} ms",
+            f"{record['extra_share']:.0%}",
+            f"{record['translate_s'] * 1000:.1f} ms",
+            f"{record['src_subwords']} source subwords",
+            f"{record['tgt_subwords']} output subwords",
+            f"{record['passes']} decoder passes",
+            f"{record['page']['bytes']['written'] / 1000:.0f} kB",
+            f"{record['page']['influence_share']:.1%}",
+            f"{record['threads']} threads",
+            f"{record['model']['steps']:,} steps",
+        )
+
+    assert_explorer_doc_quotes("experiments/influence/de-en.json", figures)
