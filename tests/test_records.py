@@ -430,6 +430,8 @@ QUOTED = {
         ("sweep-deen-do0.3-4900", None, "bleu", 2),
         ("default-deen-s2", 2856, "bleu", 2),
         ("default-deen-s1", 2856, "bleu", 2),
+        ("ladder-deen-late-4900-s3", 4760, "bleu", 2),
+        ("ladder-deen-late-4900-s3", 4900, "bleu", 2),
     ],
 }
 # Figures printed as records print BLEU and loss (two or more decimals), in a paragraph that
