@@ -437,6 +437,10 @@ QUOTED = {
         ("ladder-deen-cool50-1200-s2", 1200, "bleu", 2),
         ("ladder-deen-ls0-1200-s2", 1190, "bleu", 2),
         ("ladder-deen-late-1200-s2", 1190, "bleu", 2),
+        ("ladder-deen-cool50-1200-s3", 1200, "bleu", 2),
+        ("ladder-deen-late-1200-s3", 1200, "bleu", 2),
+        ("ladder-ende-late-4900-s2", 4522, "bleu", 2),
+        ("ladder-ende-late-4900-s2", 4900, "bleu", 2),
     ],
 }
 # Figures printed as records print BLEU and loss (two or more decimals), in a paragraph that
