@@ -441,6 +441,9 @@ QUOTED = {
         ("ladder-deen-late-1200-s3", 1200, "bleu", 2),
         ("ladder-ende-late-4900-s2", 4522, "bleu", 2),
         ("ladder-ende-late-4900-s2", 4900, "bleu", 2),
+        ("ladder-deen-tiny-4900", 4200, "bleu", 2),
+        ("ladder-deen-tiny-4900", 4900, "bleu", 2),
+        ("ladder-deen-late-4900", 4900, "bleu", 2),
     ],
 }
 # Figures printed as records print BLEU and loss (two or more decimals), in a paragraph that
