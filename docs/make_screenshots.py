@@ -19,7 +19,7 @@ import threading
 import urllib.parse
 from pathlib import Path
 
-from seq2seq.cli import main as seq2seq
+from seq2seq.commands.cli import main as seq2seq
 
 SENTENCE = "Ein Mann fährt Fahrrad auf der Straße."
 CHROMIUM = "/usr/bin/chromium"
@@ -77,8 +77,8 @@ def heatmaps(run: Path, out: Path) -> list[Path]:
 def screenshots(run: Path, out: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
-    from seq2seq.serve import make_server
-    from seq2seq.translate import Translator
+    from seq2seq.decoding.translate import Translator
+    from seq2seq.inspect.serve import make_server
 
     made = []
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:

@@ -20,7 +20,7 @@ import time
 import torch
 from torch import nn
 
-from seq2seq.attention import MultiHeadAttention
+from seq2seq.model.attention import MultiHeadAttention
 
 SHAPES = [(64, 24, 256, 8), (8, 256, 256, 8)]  # (B, T = S, D, H)
 

@@ -46,14 +46,14 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from experiments.common import model_used  # noqa: E402
 from experiments.records.speed import bleu_table, cases_table  # noqa: E402
-from seq2seq.batching import collate  # noqa: E402
-from seq2seq.checkpoint import load_run  # noqa: E402
 from seq2seq.config import DecodeConfig  # noqa: E402
-from seq2seq.corpora import load_corpus  # noqa: E402
-from seq2seq.evaluate import bleu_tokenize, score  # noqa: E402
-from seq2seq.runlog import machine  # noqa: E402
-from seq2seq.search import translate_batch  # noqa: E402
-from seq2seq.translate import Translator  # noqa: E402
+from seq2seq.data.batching import collate  # noqa: E402
+from seq2seq.data.corpora import load_corpus  # noqa: E402
+from seq2seq.decoding.evaluate import bleu_tokenize, score  # noqa: E402
+from seq2seq.decoding.search import translate_batch  # noqa: E402
+from seq2seq.decoding.translate import Translator  # noqa: E402
+from seq2seq.run.checkpoint import load_run  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 
 
@@ -136,7 +136,7 @@ def ct2_speed_cases(args, model_dir: Path, tokenizer, ids, lengths, ours, case) 
 
 def ct2_bleu(args, config, model_dir: Path) -> list[dict]:
     """Test BLEU of ours and of each export, greedy and beam, with the run's decoding rule."""
-    from seq2seq.export import CTranslate2Translator
+    from seq2seq.decoding.export import CTranslate2Translator
 
     corpus = load_corpus(args.data, config.data.src, config.data.tgt, config.data.test_split)
     sources, refs = zip(*corpus.splits["test"], strict=True)
@@ -274,7 +274,7 @@ def main() -> int:
 
     bleu_rows = []
     if args.ctranslate2:
-        from seq2seq.export import export_ctranslate2
+        from seq2seq.decoding.export import export_ctranslate2
 
         with tempfile.TemporaryDirectory() as tmp:
             for kind in ("float32", "int8"):

@@ -25,11 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.batching import Prefetcher  # noqa: E402
 from seq2seq.config import load_config  # noqa: E402
-from seq2seq.runlog import machine  # noqa: E402
-from seq2seq.runtime import setup_runtime  # noqa: E402
-from seq2seq.train import Trainer  # noqa: E402
+from seq2seq.data.batching import Prefetcher  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
+from seq2seq.run.runtime import setup_runtime  # noqa: E402
+from seq2seq.training.trainer import Trainer  # noqa: E402
 
 QUICK = [
     "data.data=sample",

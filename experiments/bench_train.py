@@ -52,15 +52,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from experiments.records.speed import train_table  # noqa: E402
-from seq2seq.batching import Batch, TokenBatchSampler, collate  # noqa: E402
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
-from seq2seq.corpora import encode_pairs, load_corpus  # noqa: E402
-from seq2seq.layers import sinusoidal_table  # noqa: E402
-from seq2seq.model import build_model  # noqa: E402
-from seq2seq.precision import autocast, autocast_dtype, native_bf16  # noqa: E402
-from seq2seq.runlog import machine  # noqa: E402
-from seq2seq.tokenizer import Tokenizer  # noqa: E402
-from seq2seq.train import build_optimizer, sequence_loss  # noqa: E402
+from seq2seq.data.batching import Batch, TokenBatchSampler, collate  # noqa: E402
+from seq2seq.data.corpora import encode_pairs, load_corpus  # noqa: E402
+from seq2seq.data.tokenizer import Tokenizer  # noqa: E402
+from seq2seq.model.layers import sinusoidal_table  # noqa: E402
+from seq2seq.model.transformer import build_model  # noqa: E402
+from seq2seq.run.precision import autocast, autocast_dtype, native_bf16  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
+from seq2seq.training.trainer import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
 SPEEDUP_GOAL = 1.3  # ours over the best eager nn.Transformer set-up, in tokens/s

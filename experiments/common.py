@@ -25,10 +25,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from seq2seq import checkpoint
 from seq2seq.config import Config, DataConfig, TrainConfig
-from seq2seq.corpora import load_corpus
-from seq2seq.train import train
+from seq2seq.data.corpora import load_corpus
+from seq2seq.run import checkpoint
+from seq2seq.training.trainer import train
 
 DPI = 80
 TEMPLATE = "README.template.md"

@@ -2,7 +2,7 @@
 the ``S`` extra passes take; and what it adds to an explorer page.
 
 A sentence of 20 words (or ``--sentence``) is translated greedily with the run's model,
-then ``seq2seq.influence.occlude`` scores that output with each source subword hidden in
+then ``seq2seq.inspect.influence.occlude`` scores that output with each source subword hidden in
 turn: ``S`` occlusions, batched into as few decoder passes as ``MAX_LOGITS`` allows. Timed,
 median of ``--repeats`` after a warm-up, in alternating order so that a change in machine
 load hits both: the whole ``occlude`` call, and the same call with no occlusion (the
@@ -37,13 +37,13 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from experiments.bench_decode import interleaved, timed  # noqa: E402
 from experiments.common import model_used  # noqa: E402
-from seq2seq.attention_report import page_interventions, sentence_records  # noqa: E402
-from seq2seq.checkpoint import load_run  # noqa: E402
-from seq2seq.explorer import render_page  # noqa: E402
-from seq2seq.influence import occlude  # noqa: E402
-from seq2seq.runlog import machine  # noqa: E402
-from seq2seq.search import greedy_search  # noqa: E402
-from seq2seq.translate import Translator  # noqa: E402
+from seq2seq.decoding.search import greedy_search  # noqa: E402
+from seq2seq.decoding.translate import Translator  # noqa: E402
+from seq2seq.inspect.explorer import render_page  # noqa: E402
+from seq2seq.inspect.influence import occlude  # noqa: E402
+from seq2seq.inspect.report import page_interventions, sentence_records  # noqa: E402
+from seq2seq.run.checkpoint import load_run  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
 from seq2seq.vocab import EOS_ID  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -107,7 +107,7 @@ class TrainConfig:
     log_every: int = 10
     precision: str = "bf16"  # "bf16" autocast where supported, else "fp32"
     # torch.compile of the training step: "auto" (only where measured faster: see
-    # seq2seq/compiling.py; on CPU it was not), true, or false.
+    # seq2seq/training/compiling.py; on CPU it was not), true, or false.
     compile: str | bool = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     prefetch: int = 2  # steps' batches padded (pinned on CUDA) ahead, on a thread (0 = none)

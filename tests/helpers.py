@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
-from seq2seq.model import Seq2Seq, build_model
-from seq2seq.train import train
+from seq2seq.model.transformer import Seq2Seq, build_model
+from seq2seq.training.trainer import train
 
 V = 20  # vocabulary of the tiny models: 4 specials + 16 tokens
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from seq2seq.attention import AttentionCache, MultiHeadAttention, check_rows
+from seq2seq.model.attention import AttentionCache, MultiHeadAttention, check_rows
 
 D, H = 32, 4
 KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA

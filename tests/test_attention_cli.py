@@ -10,21 +10,21 @@ import pytest
 import torch
 from test_plotting import expected_pixels, png_size
 
-from seq2seq.attention_report import (
+from seq2seq.commands.cli import main
+from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
+from seq2seq.drawing.plotting import CAPTION, figure_size
+from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.inspect.influence import INFLUENCE_NOTE, occlude
+from seq2seq.inspect.report import (
     MAX_PAGE_SENTENCES,
     TEACHER_FORCED,
     attention_report,
     selected_maps,
 )
-from seq2seq.checkpoint import load_run
-from seq2seq.cli import main
-from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
-from seq2seq.influence import INFLUENCE_NOTE, occlude
-from seq2seq.plotting import CAPTION, figure_size
-from seq2seq.search import beam_search, greedy_search, max_output_length
-from seq2seq.train import train
+from seq2seq.run.checkpoint import load_run
+from seq2seq.training.trainer import train
 from seq2seq.vocab import EOS_ID
-from seq2seq.words import WORDS_NOTE
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 REFERENCE = "A dog runs across the meadow."
@@ -202,7 +202,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
 
 
 def test_attention_report_takes_a_translator(run_dir, tmp_path):
-    from seq2seq.translate import Translator
+    from seq2seq.decoding.translate import Translator
 
     translator = Translator.from_run(run_dir)
     report = attention_report(translator, SENTENCE, head="all", fmt="png", out=tmp_path / "g.png")

@@ -18,9 +18,9 @@ import torch
 from helpers import train_sample_run
 from test_serve import post, running
 
-from seq2seq import precision
-from seq2seq.cli import main
-from seq2seq.translate import Translator
+from seq2seq.commands.cli import main
+from seq2seq.decoding.translate import Translator
+from seq2seq.run import precision
 
 SENTENCES = [
     "Eine Katze spielt mit einem Ball.",

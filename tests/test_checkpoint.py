@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import save_file
 from test_train import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env, tiny_config, tiny_overrides
 
-from seq2seq import checkpoint
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.errors import Seq2SeqError
-from seq2seq.model import build_model
-from seq2seq.train import train
+from seq2seq.model.transformer import build_model
+from seq2seq.run import checkpoint
+from seq2seq.training.trainer import train
 
 SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # (B, S): ids + EOS, padded
 TGT = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])  # (B, T): BOS + ids, padded
@@ -49,7 +49,7 @@ def test_a_fresh_process_gives_the_same_logits(run_dir, tmp_path):
     script = (
         "import sys, numpy, torch\n"
         "torch.set_num_threads(1)\n"
-        "from seq2seq.checkpoint import load_run\n"
+        "from seq2seq.run.checkpoint import load_run\n"
         "_, _, model = load_run(sys.argv[1])\n"
         "src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])\n"
         "tgt = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])\n"
@@ -78,7 +78,7 @@ def test_best_model_is_the_weights_of_the_best_validation(run_dir):
 
 
 def test_best_model_holds_the_weights_validated_best_not_the_last_ones(tmp_path, monkeypatch):
-    from seq2seq import train as train_module
+    from seq2seq.training import trainer as train_module
 
     snapshots, scores = {}, iter([1.0, 9.0, 3.0])  # the second validation is the best
 

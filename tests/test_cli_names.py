@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq import cli_decode
-from seq2seq.cli import build_parser, main
+from seq2seq.commands import decode as cli_decode
+from seq2seq.commands.cli import build_parser, main
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 COMMANDS = ("data", "train", "average", "plot", "translate", "evaluate", "attention", "serve")

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_train import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env
 
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import Config, config_from_dict, config_to_dict, load_config, parse_override
 from seq2seq.errors import Seq2SeqError
 

@@ -6,8 +6,8 @@ import matplotlib.image
 import pytest
 from helpers import tiny_run_dir
 
-from seq2seq.cli import main
-from seq2seq.curves import curves_figure, save_curves, update_run_curves
+from seq2seq.commands.cli import main
+from seq2seq.training.curves import curves_figure, save_curves, update_run_curves
 
 N_PANELS = 4  # loss, BLEU by step, BLEU by wall minutes, learning rate
 

@@ -12,14 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seq2seq import batching, hub, registry
-from seq2seq.batching import TokenBatchSampler, collate
-from seq2seq.cli import format_data_report, main
+from seq2seq.commands.cli import format_data_report, main
 from seq2seq.config import DataConfig
-from seq2seq.corpora import encode_pairs, load_corpus, open_corpus
-from seq2seq.data_report import data_report
+from seq2seq.data import batching, hub, registry
+from seq2seq.data.batching import TokenBatchSampler, collate
+from seq2seq.data.corpora import encode_pairs, load_corpus, open_corpus
+from seq2seq.data.report import data_report
+from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import Tokenizer
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"  # ships with the repository

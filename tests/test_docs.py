@@ -57,7 +57,7 @@ from unittest import mock
 import matplotlib.image
 import pytest
 
-from seq2seq.cli import build_parser, main
+from seq2seq.commands.cli import build_parser, main
 from seq2seq.config import Config, config_from_dict, given_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,14 +274,18 @@ class PageRun:
 
     def call(self, argv: list[str], where: str, train: bool = False) -> str:
         """``seq2seq ARGV`` in this process; with ``train``, the config is resolved and checked
-        (``seq2seq.train.train`` is where training would start)."""
+        (``seq2seq.training.trainer.train`` is where training would start)."""
         given = {}
 
         def resolved(config, run_dir, **_):
             given["config"] = config
             return {"best_bleu": 0.0, "stop_reason": "max_steps"}
 
-        patched = mock.patch("seq2seq.train.train", resolved) if train else contextlib.nullcontext()
+        patched = (
+            mock.patch("seq2seq.training.trainer.train", resolved)
+            if train
+            else contextlib.nullcontext()
+        )
         with patched, captured() as out:
             status = main(argv)
         text = terminal(out.getvalue())
@@ -295,8 +299,8 @@ class PageRun:
         written = argv[argv.index("--port") + 1] if "--port" in argv else "8000"
         if "--port" in argv:
             argv = [*argv[: argv.index("--port")], *argv[argv.index("--port") + 2 :]]
-        from seq2seq.serve import ExplorerServer
-        from seq2seq.translate import Translator
+        from seq2seq.decoding.translate import Translator
+        from seq2seq.inspect.serve import ExplorerServer
 
         original = ExplorerServer.serve_forever
         answers = []

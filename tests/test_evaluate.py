@@ -16,13 +16,11 @@ import pytest
 from helpers import tiny_run_dir
 from sacrebleu.metrics import BLEU
 
-from seq2seq import translate
-from seq2seq.checkpoint import BEST_FILE, average_run, describe_weights, load_run, read_tensors
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import DecodeConfig
-from seq2seq.corpora import load_corpus
-from seq2seq.errors import Seq2SeqError
-from seq2seq.evaluate import (
+from seq2seq.data.corpora import load_corpus
+from seq2seq.decoding import translate
+from seq2seq.decoding.evaluate import (
     LITERATURE_SCALE,
     bleu_tokenize,
     evaluate_split,
@@ -30,6 +28,8 @@ from seq2seq.evaluate import (
     lc_norm_tok,
     literature_bleu,
 )
+from seq2seq.errors import Seq2SeqError
+from seq2seq.run.checkpoint import BEST_FILE, average_run, describe_weights, load_run, read_tensors
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 

@@ -214,7 +214,7 @@ def test_train_all_keeps_finished_runs_and_resumes_killed_ones(tmp_path):
     sys.path.insert(0, str(REPO / "experiments"))
     from common import train_all
 
-    from seq2seq.checkpoint import read_tensors, write_tensors
+    from seq2seq.run.checkpoint import read_tensors, write_tensors
     from tests.test_train import read_metrics, tiny_config
 
     configs = {name: tiny_config(train__max_steps=4) for name in ("done", "killed")}

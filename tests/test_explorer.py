@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, open_page
 
-from seq2seq.attention_report import page_interventions
-from seq2seq.cli import main
-from seq2seq.explorer import render_page
-from seq2seq.influence import INFLUENCE_NOTE
-from seq2seq.plotting import CAPTION
-from seq2seq.words import WORDS_NOTE
+from seq2seq.commands.cli import main
+from seq2seq.drawing.plotting import CAPTION
+from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.inspect.explorer import render_page
+from seq2seq.inspect.influence import INFLUENCE_NOTE
+from seq2seq.inspect.report import page_interventions
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import train_sample_run
 
-from seq2seq.checkpoint import load_config_file, save_config
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import Config, DecodeConfig, ModelConfig
-from seq2seq.translate import Translator
+from seq2seq.decoding.translate import Translator
+from seq2seq.run.checkpoint import load_config_file, save_config
 
 needs_ctranslate2 = pytest.mark.skipif(
     importlib.util.find_spec("ctranslate2") is None,
@@ -56,7 +56,7 @@ def export_dir(run_dir) -> Path:
 
 
 def _engines(run_dir: Path, export_dir: Path):
-    from seq2seq.export import CTranslate2Translator
+    from seq2seq.decoding.export import CTranslate2Translator
 
     return Translator.from_run(run_dir), CTranslate2Translator.from_export(export_dir, threads=1)
 
@@ -121,7 +121,7 @@ def test_translate_command_with_ctranslate2_engine(run_dir, export_dir, capsys):
 
 @needs_ctranslate2
 def test_int8_export_is_smaller_and_translates(run_dir, export_dir, tmp_path):
-    from seq2seq.export import CTranslate2Translator
+    from seq2seq.decoding.export import CTranslate2Translator
 
     out = tmp_path / "int8"
     assert main(["export", str(run_dir), "-o", str(out), "--quantization", "int8"]) == 0
@@ -163,7 +163,7 @@ def test_gqa_mqa_mla_models_are_refused_in_one_line(overrides, named, tmp_path, 
 
 @needs_ctranslate2
 def test_export_of_a_weights_file_inside_a_run(run_dir, tmp_path):
-    from seq2seq.export import CTranslate2Translator
+    from seq2seq.decoding.export import CTranslate2Translator
 
     out = tmp_path / "from_file"
     assert main(["export", str(run_dir / "model.safetensors"), "-o", str(out)]) == 0

@@ -1,5 +1,5 @@
-"""Influence by occlusion (``seq2seq.influence``) and interventions on cross-attention
-(``seq2seq.interventions``): shapes, the batched occlusion against one pass per position,
+"""Influence by occlusion (``seq2seq.inspect.influence``) and interventions on cross-attention
+(``seq2seq.inspect.interventions``): shapes, the batched occlusion against one pass per position,
 positions nobody reads, the neutral control, and the experiment that uses both."""
 
 import importlib.util
@@ -13,21 +13,21 @@ import pytest
 import torch
 from helpers import V, tiny_model, tiny_run_dir
 
-from seq2seq.attention import MultiHeadAttention
-from seq2seq.batching import collate
-from seq2seq.checkpoint import load_run
 from seq2seq.config import DecodeConfig
+from seq2seq.data.batching import collate
+from seq2seq.decoding.search import force_decode, greedy_search
 from seq2seq.errors import Seq2SeqError
-from seq2seq.influence import agreement, occlude
-from seq2seq.interventions import (
+from seq2seq.inspect.influence import agreement, occlude
+from seq2seq.inspect.interventions import (
     changed_tokens,
     hidden_source,
     intervene,
     parse_spec,
     replaced,
 )
-from seq2seq.model import padding_mask
-from seq2seq.search import force_decode, greedy_search
+from seq2seq.model.attention import MultiHeadAttention
+from seq2seq.model.transformer import padding_mask
+from seq2seq.run.checkpoint import load_run
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ from helpers import V
 from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
-from seq2seq.model import padding_mask
-from seq2seq.search import translate_batch
+from seq2seq.decoding.search import translate_batch
+from seq2seq.model.transformer import padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -206,7 +206,7 @@ def test_tiny_model_learns_to_reverse_sequences():
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_dropout_keeps_one_minus_p_and_scales_what_it_keeps(p):
-    from seq2seq.layers import Dropout
+    from seq2seq.model.layers import Dropout
 
     drop = Dropout(p).train()
     x = torch.rand(1000, 1000) + 1.0  # no zeros of its own
@@ -224,7 +224,7 @@ def test_dropout_keeps_one_minus_p_and_scales_what_it_keeps(p):
 
 
 def test_dropout_gradient_is_the_same_mask_and_scale():
-    from seq2seq.layers import Dropout
+    from seq2seq.model.layers import Dropout
 
     drop = Dropout(0.3).train()
     x = (torch.rand(64, 37, 16) + 1.0).requires_grad_()

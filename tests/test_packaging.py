@@ -82,7 +82,7 @@ _PROBE = """
 import json, sys
 import seq2seq
 from seq2seq.config import DataConfig
-from seq2seq.corpora import load_corpus
+from seq2seq.data.corpora import load_corpus
 
 d = DataConfig()
 corpus = load_corpus(d.data, d.src, d.tgt)

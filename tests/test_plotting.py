@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seq2seq.plotting import (
+from seq2seq.drawing.plotting import (
     CAPTION,
     attention_stats,
     figure_size,
@@ -141,8 +141,8 @@ def test_non_latin_tokens_pick_a_font_or_warn(tmp_path):
 
 def test_plotting_imports_no_model_code_and_no_pyplot():
     code = (
-        "import sys, seq2seq.plotting; "
-        "bad = [m for m in ('torch', 'seq2seq.model', 'matplotlib.pyplot') if m in sys.modules]; "
+        "import sys, seq2seq.drawing.plotting; "
+        "bad = [m for m in ('torch', 'seq2seq.model.transformer', 'matplotlib.pyplot') if m in sys.modules]; "
         "sys.exit(str(bad) if bad else 0)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

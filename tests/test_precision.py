@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_train import tiny_config, train_losses
 
-from seq2seq import precision
-from seq2seq.precision import autocast_dtype
-from seq2seq.train import train
+from seq2seq.run import precision
+from seq2seq.run.precision import autocast_dtype
+from seq2seq.training.trainer import train
 
 
 class TwoGpus:

@@ -23,14 +23,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import read_metrics, tiny_config  # noqa: E402
 
-from seq2seq.translate import Translator  # noqa: E402
+from seq2seq.decoding.translate import Translator  # noqa: E402
 
 REFERENCE = Path(__file__).parent / "data" / "reference_run.json"
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee.", "Eine Frau liest."]
 
 
 def record(run_dir: Path) -> dict:
-    from seq2seq.train import train
+    from seq2seq.training.trainer import train
 
     config = tiny_config(
         train__max_steps=150,

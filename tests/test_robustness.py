@@ -24,13 +24,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from seq2seq import checkpoint
-from seq2seq import train as train_module
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import load_config
+from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
-from seq2seq.train import train
-from seq2seq.translate import Translator
+from seq2seq.run import checkpoint
+from seq2seq.training import trainer as train_module
+from seq2seq.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [

@@ -11,9 +11,7 @@ from helpers import V
 from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
-from seq2seq.errors import Seq2SeqError
-from seq2seq.influence import occlude
-from seq2seq.search import (
+from seq2seq.decoding.search import (
     DeadlinePassed,
     beam_search,
     deadline,
@@ -23,6 +21,8 @@ from seq2seq.search import (
     max_output_length,
     translate_batch,
 )
+from seq2seq.errors import Seq2SeqError
+from seq2seq.inspect.influence import occlude
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 

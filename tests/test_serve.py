@@ -17,12 +17,12 @@ import time
 import pytest
 from browser import chromium, explorer_run_dir, open_page
 
-from seq2seq import serve as serve_module
-from seq2seq.attention import MultiHeadAttention
-from seq2seq.attention_report import sentence_interventions
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
+from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
-from seq2seq.serve import (
+from seq2seq.inspect import serve as serve_module
+from seq2seq.inspect.report import sentence_interventions
+from seq2seq.inspect.serve import (
     INTERNAL_ERROR,
     MAX_BEAM,
     MAX_BODY_BYTES,
@@ -31,7 +31,7 @@ from seq2seq.serve import (
     make_server,
     serve,
 )
-from seq2seq.translate import Translator
+from seq2seq.model.attention import MultiHeadAttention
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 

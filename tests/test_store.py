@@ -1,5 +1,5 @@
-"""The tokenized training split on disk (seq2seq.store) and the run's data made from it
-(seq2seq.prepare): what goes in comes out, nothing half-written is ever read, and a resumed
+"""The tokenized training split on disk (seq2seq.data.store) and the run's data made from it
+(seq2seq.training.prepare): what goes in comes out, nothing half-written is ever read, and a resumed
 run with an unchanged corpus reads none of it."""
 
 import json
@@ -13,12 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seq2seq import prepare
 from seq2seq.config import Config, DataConfig, ModelConfig, config_to_dict
-from seq2seq.corpora import encode_pairs, load_corpus
-from seq2seq.prepare import DATA_DIR, prepare_data
-from seq2seq.runtime import Runtime
-from seq2seq.store import (
+from seq2seq.data.corpora import encode_pairs, load_corpus
+from seq2seq.data.store import (
     MANIFEST,
     PairStore,
     PairWriter,
@@ -28,7 +25,10 @@ from seq2seq.store import (
     write_manifest,
     write_pairs,
 )
-from seq2seq.tokenizer import Tokenizer
+from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.run.runtime import Runtime
+from seq2seq.training import prepare
+from seq2seq.training.prepare import DATA_DIR, prepare_data
 
 # --- The store ----------------------------------------------------------------------------
 
@@ -290,8 +290,8 @@ from pathlib import Path
 import torch.distributed as dist
 from seq2seq.config import config_from_dict
 from seq2seq.errors import Seq2SeqError
-from seq2seq.prepare import prepare_data
-from seq2seq.runtime import Runtime
+from seq2seq.training.prepare import prepare_data
+from seq2seq.run.runtime import Runtime
 import json
 
 dist.init_process_group("gloo")
@@ -334,9 +334,10 @@ def test_every_rank_checks_that_its_store_was_made_for_rank_0s_corpus(tmp_path):
 KILLED_PREPARATION = """
 import json, os, signal, sys
 from pathlib import Path
-from seq2seq import prepare, store
+from seq2seq.training import prepare
+from seq2seq.data import store
 from seq2seq.config import config_from_dict
-from seq2seq.runtime import Runtime
+from seq2seq.run.runtime import Runtime
 
 prepare._ENCODE_CHUNK = 10
 append = store.PairWriter.append

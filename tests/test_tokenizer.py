@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_train import tiny_config
 
+from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.drawing.words import word_index
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import Tokenizer
-from seq2seq.train import train
+from seq2seq.training.trainer import train
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from seq2seq.words import word_index
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from seq2seq import checkpoint
 from seq2seq.config import load_config
 from seq2seq.errors import Seq2SeqError
-from seq2seq.precision import autocast_dtype
-from seq2seq.runtime import Runtime, seed_ranks
-from seq2seq.train import train
+from seq2seq.run import checkpoint
+from seq2seq.run.precision import autocast_dtype
+from seq2seq.run.runtime import Runtime, seed_ranks
+from seq2seq.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -159,7 +159,7 @@ def test_resuming_a_finished_run_takes_no_extra_step_and_writes_nothing(tmp_path
 
 
 def test_a_step_budget_alone_means_no_time_budget_and_cools_down_over_its_steps(tmp_path, capsys):
-    from seq2seq.optim import inverse_sqrt
+    from seq2seq.training.optim import inverse_sqrt
 
     config = tiny_config(train__max_steps=20, train__cooldown=0.5)
     assert config.train.max_time is None  # not the default 30 minutes as well
@@ -459,7 +459,7 @@ def test_once_the_model_is_built_each_rank_draws_its_own_masks_and_rank_0_a_sing
 
 
 def test_cli_train_flags_reach_the_config(tmp_path):
-    from seq2seq.cli import main
+    from seq2seq.commands.cli import main
 
     args = ["train", "--out", str(tmp_path / "run"), "--max-steps", "2", "--fp32", "--no-progress"]
     for item in tiny_overrides():
@@ -502,7 +502,7 @@ def test_dropout_follows_the_epochs_seen_and_a_given_dropout_is_kept(tmp_path, c
 
 
 def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, capsys):
-    from seq2seq.cli import main
+    from seq2seq.commands.cli import main
 
     run = tmp_path / "run"
     budgets = ["train.max_time=30", "train.patience=3", "train.validate_every=50"]
@@ -527,7 +527,7 @@ def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, cap
 
 
 def test_a_budget_stops_final_validation_does_not_count_toward_patience(tmp_path, monkeypatch):
-    from seq2seq import train as train_module
+    from seq2seq.training import trainer as train_module
 
     monkeypatch.setattr(train_module, "validation_bleu", lambda *args: 5.0)  # never improves
     # Epochs of 11 batches: validations at the ends of epochs 0 and 1, then a budget stop
@@ -554,8 +554,8 @@ def test_overwrite_and_a_resume_that_trains_further_remove_the_scored_hypotheses
 def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
     import copy
 
-    from seq2seq.runtime import Runtime
-    from seq2seq.train import Trainer
+    from seq2seq.run.runtime import Runtime
+    from seq2seq.training.trainer import Trainer
 
     config = tiny_config(model__dropout=0.0, train__accum_steps=2)
     trainer = Trainer(config, tmp_path, Runtime(), False, False, False)
@@ -583,7 +583,7 @@ def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
 
 
 def test_learning_rate_warms_up_linearly_then_decays_as_one_over_root_step(tmp_path):
-    from seq2seq.optim import inverse_sqrt
+    from seq2seq.training.optim import inverse_sqrt
 
     factor = inverse_sqrt(10)
     assert [factor(s) for s in (1, 5, 10)] == pytest.approx([0.1, 0.5, 1.0])
@@ -600,7 +600,7 @@ def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
 ):
     from types import SimpleNamespace
 
-    from seq2seq.optim import cooldown, inverse_sqrt
+    from seq2seq.training.optim import cooldown, inverse_sqrt
 
     assert [cooldown(u, 0.3) for u in (0.0, 0.7, 0.85, 1.0, 1.2)] == pytest.approx(
         [1, 1, 0.5, 0, 0]
@@ -612,7 +612,7 @@ def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
         clock.now += 0.5
         return clock.now
 
-    monkeypatch.setattr("seq2seq.train.time", SimpleNamespace(monotonic=fake_time))
+    monkeypatch.setattr("seq2seq.training.trainer.time", SimpleNamespace(monotonic=fake_time))
     schedule = inverse_sqrt(10)
     shares = {}
     for share in (0.5, 0.0):
@@ -671,7 +671,7 @@ def test_train_log_and_environment_record_the_run(tmp_path):
     ],
 )
 def test_an_unavailable_device_is_one_line(tmp_path, capsys, device, message):
-    from seq2seq.cli import main
+    from seq2seq.commands.cli import main
 
     if torch.cuda.is_available() and device.startswith("cuda"):
         pytest.skip("this machine has CUDA")
@@ -682,7 +682,7 @@ def test_an_unavailable_device_is_one_line(tmp_path, capsys, device, message):
 
 
 def test_device_auto_takes_cuda_then_mps_then_cpu(monkeypatch):
-    from seq2seq import runtime
+    from seq2seq.run import runtime
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(runtime, "_mps_available", lambda: True)
@@ -695,7 +695,7 @@ def test_device_auto_takes_cuda_then_mps_then_cpu(monkeypatch):
 def test_under_torchrun_each_rank_takes_its_local_gpu_and_an_explicit_one_is_refused(
     monkeypatch,
 ):
-    from seq2seq import runtime
+    from seq2seq.run import runtime
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -710,7 +710,7 @@ def test_under_torchrun_each_rank_takes_its_local_gpu_and_an_explicit_one_is_ref
 def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(
     tmp_path, monkeypatch, average_bleu, kept
 ):
-    from seq2seq import train as train_module
+    from seq2seq.training import trainer as train_module
 
     # validation BLEU at steps 10, 20 (the best single state), 30 and 40, then the average's
     scores = iter([1.0, 3.0, 2.0, 1.5, average_bleu])
@@ -765,8 +765,8 @@ def failing_backend(graph, example_inputs):
 def compile_fails(monkeypatch):
     """torch.compile as on a machine where compiling fails (at the first call, as inductor's
     does), through a backend that raises."""
-    from seq2seq import compiling
-    from seq2seq import train as train_module
+    from seq2seq.training import compiling
+    from seq2seq.training import trainer as train_module
 
     real = compiling.compiled
     monkeypatch.setattr(train_module, "compiled", lambda m: real(m, backend=failing_backend))
@@ -774,7 +774,7 @@ def compile_fails(monkeypatch):
 
 
 def test_compile_true_that_fails_here_exits_with_one_line(tmp_path, capsys, compile_fails):
-    from seq2seq.cli import main
+    from seq2seq.commands.cli import main
 
     args = ["train", "--out", str(tmp_path / "r"), "--max-steps", "2", "--no-progress"]
     for item in tiny_overrides(train__compile="true"):
@@ -795,8 +795,8 @@ def test_compile_auto_that_fails_falls_back_to_eager(tmp_path, monkeypatch, comp
 
 
 def test_compile_auto_is_eager_where_no_measurement_showed_a_win(monkeypatch):
-    from seq2seq import compiling
-    from seq2seq.compiling import wants_compile
+    from seq2seq.training import compiling
+    from seq2seq.training.compiling import wants_compile
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert not wants_compile("auto", cpu)  # measured slower than eager (compiling.py)

@@ -15,12 +15,17 @@ import pytest
 import torch
 from helpers import tiny_run_dir
 
-from seq2seq.batching import batches_of, collate
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import DecodeConfig
+from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
+from seq2seq.decoding.translate import (
+    Translator,
+    format_translations,
+    translate_ids,
+    translate_ids_nbest,
+)
 from seq2seq.errors import Seq2SeqError
-from seq2seq.search import beam_search, greedy_search, max_output_length
-from seq2seq.translate import Translator, format_translations, translate_ids, translate_ids_nbest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [
@@ -268,7 +273,7 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(run_dir, tmp_path, capsys
 
 
 def test_progress_reports_sentences_and_tokens_per_second(monkeypatch):
-    from seq2seq.translate import DecodeProgress
+    from seq2seq.decoding.translate import DecodeProgress
 
     monkeypatch.setattr(sys, "stderr", Terminal())
     progress = DecodeProgress(total=100)

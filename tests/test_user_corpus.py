@@ -7,11 +7,11 @@ import random
 import pytest
 import yaml
 
-from seq2seq.cli import main
+from seq2seq.commands.cli import main
 from seq2seq.config import DataConfig
-from seq2seq.corpora import load_corpus
+from seq2seq.data.corpora import load_corpus
+from seq2seq.data.tokenizer import Tokenizer, corpus_vocab_size
 from seq2seq.errors import Seq2SeqError
-from seq2seq.tokenizer import Tokenizer, corpus_vocab_size
 
 SUBJECTS = [("The dog", "Le chien"), ("My sister", "Ma sœur"), ("The old man", "Le vieil homme")]
 VERBS = [("sees", "voit"), ("likes", "aime"), ("is looking for", "cherche"), ("draws", "dessine")]

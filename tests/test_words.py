@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from seq2seq.words import (
+from seq2seq.drawing.words import (
     merge_source,
     merge_words,
     sum_target,

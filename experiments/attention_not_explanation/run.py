@@ -43,15 +43,15 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from seq2seq import checkpoint
-from seq2seq.batching import batches_of, collate
 from seq2seq.config import DecodeConfig, load_config
-from seq2seq.influence import occlude
-from seq2seq.interventions import replaced
-from seq2seq.model import Seq2Seq
-from seq2seq.plotting import plot_attention
-from seq2seq.search import Hypothesis, force_decode
-from seq2seq.translate import translate_ids
+from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.search import Hypothesis, force_decode
+from seq2seq.decoding.translate import translate_ids
+from seq2seq.drawing.plotting import plot_attention
+from seq2seq.inspect.influence import occlude
+from seq2seq.inspect.interventions import replaced
+from seq2seq.model.transformer import Seq2Seq
+from seq2seq.run import checkpoint
 from seq2seq.vocab import EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

@@ -39,12 +39,12 @@ import torch
 import yaml
 from matplotlib.figure import Figure
 
-from seq2seq import checkpoint
-from seq2seq.batching import collate
 from seq2seq.config import DecodeConfig, load_config
-from seq2seq.model import Seq2Seq, count_parameters, padding_mask
-from seq2seq.search import greedy_search
-from seq2seq.translate import translate_ids
+from seq2seq.data.batching import collate
+from seq2seq.decoding.search import greedy_search
+from seq2seq.decoding.translate import translate_ids
+from seq2seq.model.transformer import Seq2Seq, count_parameters, padding_mask
+from seq2seq.run import checkpoint
 from seq2seq.vocab import BOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

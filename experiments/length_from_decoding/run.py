@@ -29,12 +29,12 @@ import sacrebleu
 import torch
 from matplotlib.figure import Figure
 
-from seq2seq.batching import batches_of, collate
-from seq2seq.checkpoint import load_run
 from seq2seq.config import DecodeConfig, load_config
-from seq2seq.model import Seq2Seq
-from seq2seq.search import Hypothesis, greedy_search, max_output_length
-from seq2seq.train import train
+from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.search import Hypothesis, greedy_search, max_output_length
+from seq2seq.model.transformer import Seq2Seq
+from seq2seq.run.checkpoint import load_run
+from seq2seq.training.trainer import train
 from seq2seq.vocab import EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

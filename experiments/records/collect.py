@@ -12,8 +12,8 @@ from pathlib import Path
 from experiments.common import budget, model_used
 from experiments.records import GZIP_OVER, RECORD, RecordError
 from experiments.records.load import plain, read_json
-from seq2seq import checkpoint
 from seq2seq.config import Config
+from seq2seq.run import checkpoint
 
 RUN_TEXT = ("config.yaml", "metrics.jsonl", "environment.json", "data_summary.json")
 SPLITS = ("test", "validation")

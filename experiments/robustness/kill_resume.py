@@ -27,8 +27,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from test_robustness import KILL_RUN, KILLER, cli_args, env, valid_losses  # noqa: E402
 
-from seq2seq import checkpoint  # noqa: E402
-from seq2seq.tokenizer import Tokenizer  # noqa: E402
+from seq2seq.data.tokenizer import Tokenizer  # noqa: E402
+from seq2seq.run import checkpoint  # noqa: E402
 
 
 def start(

@@ -55,10 +55,9 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from helpers import train_sample_run  # noqa: E402
 
-from seq2seq.checkpoint import BEST_FILE, load_config_file, save_config, save_model  # noqa: E402
 from seq2seq.config import ModelConfig  # noqa: E402
-from seq2seq.model import build_model  # noqa: E402
-from seq2seq.serve import (  # noqa: E402
+from seq2seq.decoding.translate import Translator  # noqa: E402
+from seq2seq.inspect.serve import (  # noqa: E402
     DEADLINE,
     MAX_BEAM,
     MAX_LEN,
@@ -66,7 +65,8 @@ from seq2seq.serve import (  # noqa: E402
     MAX_WEIGHTS,
     Explorer,
 )
-from seq2seq.translate import Translator  # noqa: E402
+from seq2seq.model.transformer import build_model  # noqa: E402
+from seq2seq.run.checkpoint import BEST_FILE, load_config_file, save_config, save_model  # noqa: E402
 
 HOST = "127.0.0.1"  # never anything else: this script attacks the server it starts
 

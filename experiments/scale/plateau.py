@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run.py, the runs' se
 
 from run import train_args  # noqa: E402
 
-from seq2seq.curves import read_metrics  # noqa: E402
-from seq2seq.runlog import machine  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
+from seq2seq.training.curves import read_metrics  # noqa: E402
 
 
 def resume(run: Path, steps: int, threads: int) -> dict:

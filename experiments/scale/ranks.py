@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.runlog import machine  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
 
 MAX_TOKENS = 2048  # data.max_tokens of the default recipe: tokens per process and step
 ONE = "1 process"

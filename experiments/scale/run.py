@@ -12,7 +12,7 @@ recording per process its peak RSS (``ru_maxrss`` from ``wait4``), the wall seco
 its start to its first training step (``metrics.jsonl`` polled, with a line every step)
 and its steps/s; and the preparation's wall and CPU seconds (``RUN/data/manifest.json``).
 Last, random access to batches of 120 pairs of the largest store: the flat arrays
-(``seq2seq.store``) against the same pairs in a ``datasets`` Arrow file.
+(``seq2seq.data.store``) against the same pairs in a ``datasets`` Arrow file.
 
     python experiments/scale/run.py --corpora /tmp/scale [--sizes 100000 1000000 5000000]
     python experiments/scale/run.py --quick --out DIR
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2seq.corpora import load_corpus
-from seq2seq.curves import read_metrics
+from seq2seq.data.corpora import load_corpus
+from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.errors import Seq2SeqError
-from seq2seq.prepare import DATA_DIR
-from seq2seq.store import PairStore, read_manifest
+from seq2seq.training.curves import read_metrics
+from seq2seq.training.prepare import DATA_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.curves import read_metrics  # noqa: E402
-from seq2seq.runlog import git_commit, machine  # noqa: E402
+from seq2seq.run.runlog import git_commit, machine  # noqa: E402
+from seq2seq.training.curves import read_metrics  # noqa: E402
 
 sys.path.insert(0, str(REPO / "experiments"))
 from common import QUICK_MODEL  # noqa: E402

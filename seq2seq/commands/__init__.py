@@ -1,0 +1,3 @@
+"""The command line: parse, load, call a library function, print. cli.py has the parser and the
+training commands, decode.py the commands that use a trained run.
+"""

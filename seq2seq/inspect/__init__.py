@@ -1,0 +1,4 @@
+"""Looking inside a translation: the attention report behind seq2seq attention (report.py),
+influence by occlusion, interventions, the explorer page (explorer.py, templates/) and the
+browser server (serve.py).
+"""

@@ -1,0 +1,149 @@
+"""The attention explorer: one self-contained HTML page (no network) for decoded sentences.
+
+The page is ``templates/explorer.html`` with its stylesheet and script inlined, and the
+sentences' records (``attention_report.sentence_records``) as a JSON block. It has five
+views of one sentence: a step-through of decoding (with, per row, whether the most-attended
+source position is the most influential one), the heatmap (attention or, toggled,
+influence by occlusion, each with its own legend), a line view, a model view (a thumbnail
+per layer and head) and the interventions; a sentence picker when there are several, layer
+and head selectors, and the caption under every view. ``seq2seq serve`` renders the same
+page with a form above it (``form`` and ``error``), and its interventions panel asks the
+server for new ones; a written page shows those it holds.
+
+Every map the page shows is computed here (heads and their mean, the per-row numbers), so
+the script only draws. No model imports.
+
+Letters: ``L`` layers, ``H`` heads, ``Tq`` target rows, ``Tk`` source columns.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from seq2seq.drawing import plotting
+from seq2seq.fileio import atomic_write_text
+
+_RECORD_KEYS = (
+    "source", "reference", "translation", "decoding", "teacher_forced", "beam", "ban_eos",
+    "max_len", "stop_reason", "stop_step", "notes", "steps", "step_rows", "hypotheses",
+    "word_level",
+)  # fmt: skip
+
+
+def template(name: str) -> str:
+    """A file of the package's ``templates`` folder, as text."""
+    return (
+        resources.files("seq2seq.inspect").joinpath("templates", name).read_text(encoding="utf-8")
+    )
+
+
+def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) -> list[list[dict]]:
+    """For each layer, a map per head then the head mean: weights and, given the source
+    tokens, a title and per-row numbers.
+
+    Shapes:
+        weights: (L, H, Tq, Tk) -> L lists of H + 1 maps (Tq, Tk)
+    """
+    n_layers, n_heads, tq, tk = weights.shape
+    layers = []
+    for layer in range(n_layers):
+        heads = [(str(h + 1), weights[layer, h]) for h in range(n_heads)]
+        heads.append(("mean", weights[layer].mean(axis=0)))
+        maps = []
+        for head, attn in heads:
+            entry = {"w": np.round(attn, digits).tolist()}
+            if src_tokens is not None:
+                stats = plotting.attention_stats(attn, src_tokens)
+                entry.update(
+                    title=f"layer {layer + 1}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
+                    summary=plotting.stats_line(stats),
+                    vmax=float(attn.max()),
+                    entropy=np.round(stats["row_entropy"], 3).tolist(),
+                    eos=np.round(stats["eos_mass"], 3).tolist(),
+                    punct=np.round(stats["punct_mass"], 3).tolist(),
+                )
+            maps.append(entry)
+        layers.append(maps)
+    return layers
+
+
+def _influence_map(record: dict, digits: int = 4) -> dict | None:
+    """The record's occlusion map as the page draws it, with per row the most-attended and
+    the most influential source column and whether they agree; None without one.
+
+    Shapes: influence (Tq, Tk) -> w (Tq, Tk), attended/influential/agree Tq each
+    """
+    if record.get("influence") is None:
+        return None
+    drops = np.asarray(record["influence"], dtype=np.float64)
+    tq, tk = drops.shape
+    agree = record["agree"]
+    return {
+        "w": np.round(drops, digits).tolist(),
+        "vmax": max(float(drops.max()), 0.0),  # a rise (negative drop) draws as no drop
+        "title": f"influence by occlusion, every layer at once \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
+        "summary": f"largest drop {drops.max():.3f} nats \u00b7 the most-attended source "
+        f"position (mean of every layer and head) is the most influential one in "
+        f"{sum(agree)} of {tq} rows",
+        "attended": record["most_attended"],
+        "influential": record["most_influential"],
+        "agree": agree,
+        "note": record["influence_note"],
+    }
+
+
+def page_record(record: dict) -> dict:
+    """What the page's script needs of one record."""
+    weights = np.asarray(record["weights"], dtype=np.float64)
+    out = {key: record.get(key) for key in _RECORD_KEYS}
+    out.update(
+        src=list(record["src_tokens"]),
+        tgt=list(record["tgt_tokens"]),
+        n_layers=weights.shape[0],
+        n_heads=weights.shape[1],
+        maps=_maps(weights, record["src_tokens"]),
+        step_maps=None,
+        influence=_influence_map(record),
+        interventions=record.get("interventions") or [],
+    )
+    if record.get("step_weights") is not None:
+        out["step_maps"] = _maps(np.asarray(record["step_weights"]), None)
+    return out
+
+
+def render_page(
+    records: list[dict], *, title: str, form: dict | None = None, error: str = ""
+) -> str:
+    """The explorer page. ``form``: the values to show in ``seq2seq serve``'s form (None:
+    a report, no form); ``error``: a message shown above the views."""
+    data = {
+        "records": [page_record(r) for r in records],
+        "form": form,
+        "caption": plotting.CAPTION,
+    }
+    # "<" only occurs inside JSON strings, where \u003c means the same; this keeps a token
+    # such as "</script>" from closing the script element.
+    data_json = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
+    fills = {
+        "%TITLE%": html.escape(title),
+        "%ERROR%": html.escape(error),
+        "%CAPTION%": html.escape(plotting.CAPTION),
+        "%STYLE%": template("explorer.css"),
+        "%SCRIPT%": template("explorer.js"),
+        "%DATA%": data_json,
+    }
+    # One pass, so text filled in (a sentence reading "%STYLE%") is never filled again.
+    return re.sub(
+        r"%[A-Z]+%", lambda m: fills.get(m.group(0), m.group(0)), template("explorer.html")
+    )
+
+
+def write_report(records: list[dict], path: str | Path, *, title: str) -> Path:
+    """Write the explorer page for ``records`` to ``path`` (atomically)."""
+    return atomic_write_text(Path(path), render_page(records, title=title))

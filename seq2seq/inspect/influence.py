@@ -1,0 +1,148 @@
+"""Influence by occlusion: what each source position does to each output token, for one
+sentence, beside where cross-attention read.
+
+A cross-attention map shows where a query read, not why a token came out. Occlusion
+measures the second: teacher-forced on an output, each target token's log-probability
+with one source position (or a group of positions, e.g. a word) hidden from
+cross-attention in every decoder layer (the key padding mask False there; the encoder
+and everything else as they are), against nothing hidden. The drop is the position's
+*influence* on the token: positive where hiding it made the token less likely. It is one
+measure of influence, with its own caveats: a hidden position is an input the model never
+saw in training, and the rest of the source can stand in for it. ``interventions.py``
+changes the weights themselves and decodes again.
+
+Letters: ``L`` decoder layers, ``H`` heads, ``T`` target positions (the EOS step included
+when scored), ``S`` source positions, ``G`` occluded groups, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from seq2seq.decoding.search import check_deadline
+from seq2seq.model.attention import check_rows
+from seq2seq.model.transformer import Seq2Seq, padding_mask
+from seq2seq.vocab import BOS_ID
+
+# Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
+# subwords with a vocabulary of 16,000 fit in one pass; longer sentences take a few.
+MAX_LOGITS = 2**25
+INFLUENCE_NOTE = (
+    "Influence by occlusion: the drop in each output token's log-probability (nats, "
+    "teacher-forced on this output) when a source position is hidden from cross-attention "
+    "in every layer. One measure of influence: a hidden position is an input the model "
+    "never saw in training, and other positions can stand in for it."
+)
+
+
+@dataclass
+class Occlusion:
+    """Each target token's probability with nothing hidden and with each group hidden.
+
+    Shapes: probs, log_probs (T,); masked_probs, masked_log_probs (G, T); attention: the
+    unmasked pass' cross-attention, per layer (H, T, S)
+    """
+
+    probs: Tensor
+    log_probs: Tensor
+    masked_probs: Tensor
+    masked_log_probs: Tensor
+    attention: list[Tensor]
+    passes: int  # decoder passes it took, the unmasked one included
+
+    @property
+    def influence(self) -> Tensor:
+        """The drop in each target token's log-probability when group g is hidden:
+        (T, G); positive where hiding it made the token less likely."""
+        return (self.log_probs[None, :] - self.masked_log_probs).T
+
+
+def occlude(
+    model: Seq2Seq,
+    src: Tensor,
+    tgt_ids: Sequence[int],
+    groups: Sequence[Sequence[int]] | None = None,
+    *,
+    max_logits: int | None = MAX_LOGITS,
+) -> Occlusion:
+    """Teacher-force ``tgt_ids`` once as is and once per group of source positions hidden
+    from cross-attention in every layer, the ``G`` occlusions batched: one pass, or a few
+    of at most ``max_logits`` logits each (None: one).
+
+    ``tgt_ids`` are the tokens scored, BOS excluded: an output that stopped at EOS ends
+    with it. ``groups`` default to every position alone (``G = S``); a group may hold the
+    subwords of a word; none at all leaves the unmasked pass alone. The encoder sees the
+    whole source in every pass.
+
+    Shapes:
+        src: (1, S); tgt_ids: T ids; groups: G lists of positions -> ``Occlusion``
+    """
+    if src.shape[0] != 1:
+        raise ValueError(f"occlude takes one sentence, got a batch of {src.shape[0]}")
+    if not tgt_ids:
+        raise ValueError("occlude needs at least one target token to score")
+    if model.training:
+        raise ValueError("Occlusion needs the model in eval mode (dropout off): call model.eval()")
+    s, device = src.shape[1], src.device
+    groups = [[j] for j in range(s)] if groups is None else groups
+    hidden = torch.zeros(len(groups), s, dtype=torch.bool, device=device)  # (G, S)
+    for g, positions in enumerate(groups):
+        hidden[g, list(positions)] = True
+    with torch.inference_mode():
+        src_mask = padding_mask(src)  # (1, 1, 1, S)
+        allowed = src_mask & ~hidden[:, None, None, :]  # (G, 1, 1, S)
+        check_rows(allowed)  # a group may not hide every real position
+        memory = model.encode(src, src_mask)  # (1, S, D)
+        tgt_in = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=device)  # (1, T)
+        target = torch.tensor(list(tgt_ids), device=device)  # (T,)
+        logits, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
+        probs, log_probs = _target_probs(logits, target)  # (1, T)
+        n = len(groups)
+        if max_logits is not None:
+            n = max(1, min(n, max_logits // logits[0].numel()))
+        masked = []
+        for part in allowed.split(n) if groups else ():  # (n, 1, 1, S)
+            check_deadline()
+            b = part.shape[0]
+            part_logits, _ = model.decode(tgt_in.expand(b, -1), memory.expand(b, -1, -1), part)
+            masked.append(_target_probs(part_logits, target))  # (n, T) twice
+    none = probs[:0]  # (0, T): no group, no row
+    return Occlusion(
+        probs=probs[0],
+        log_probs=log_probs[0],
+        masked_probs=torch.cat([none, *(p for p, _ in masked)]),
+        masked_log_probs=torch.cat([none, *(lp for _, lp in masked)]),
+        attention=[w[0] for w in weights],
+        passes=1 + len(masked),
+    )
+
+
+def _target_probs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+    """Probability and log-probability of each target token: (B, T, V) -> (B, T) twice."""
+    logits = logits.float()
+    steps = torch.arange(target.shape[0], device=target.device)
+    return (
+        logits.softmax(-1)[:, steps, target],
+        logits.log_softmax(-1)[:, steps, target],
+    )
+
+
+def agreement(attention: np.ndarray | Tensor, influence: np.ndarray | Tensor) -> dict[str, list]:
+    """Per target row: the most-attended source column of ``attention`` (e.g. the mean over
+    layers and heads), the most influential one (the largest drop), and whether they are
+    the same; lists, for JSON.
+
+    Shapes: attention, influence (T, S) -> three lists of T
+    """
+    attended = np.asarray(attention).argmax(-1).tolist()
+    influential = np.asarray(influence).argmax(-1).tolist()
+    return {
+        "most_attended": attended,
+        "most_influential": influential,
+        "agree": [a == b for a, b in zip(attended, influential, strict=True)],
+    }

@@ -1,0 +1,143 @@
+"""The encoder-decoder Transformer: ``forward = decode(tgt, encode(src))``.
+
+Search (``search.py``) is written only against ``encode`` and ``decode``.
+Letters: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` d_model, ``V`` vocabulary,
+``H`` heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from seq2seq.config import ModelConfig
+from seq2seq.model.attention import DecoderCache, check_rows
+from seq2seq.model.layers import DecoderLayer, Embedding, EncoderLayer
+from seq2seq.vocab import PAD_ID
+
+
+def padding_mask(src: Tensor) -> Tensor:
+    """True where a source position is a real token: (B, S) -> (B, 1, 1, S)."""
+    return (src != PAD_ID)[:, None, None, :]
+
+
+def causal_mask(n_new: int, n_total: int, device: torch.device) -> Tensor:
+    """Position ``n_total - n_new + i`` may read positions ``<=`` itself: (n_new, n_total)."""
+    offset = n_total - n_new
+    rows = torch.arange(n_new, device=device)[:, None] + offset
+    return rows >= torch.arange(n_total, device=device)[None, :]
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = config
+        if c.share_embeddings and c.src_vocab_size != c.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one joint vocabulary (src_vocab_size == tgt_vocab_size)"
+            )
+        tgt_tokens = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=PAD_ID)
+        src_tokens = (
+            tgt_tokens
+            if c.share_embeddings
+            else nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=PAD_ID)
+        )
+        self.src_embed = Embedding(src_tokens, c.max_positions, c.dropout)
+        self.tgt_embed = Embedding(tgt_tokens, c.max_positions, c.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_enc_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_dec_layers))
+        self.encoder_norm = nn.LayerNorm(c.d_model)
+        self.decoder_norm = nn.LayerNorm(c.d_model)
+        self.output = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self._init_weights()
+        if c.tie_output:
+            self.output.weight = tgt_tokens.weight
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+        for emb in (self.src_embed.tokens, self.tgt_embed.tokens):
+            nn.init.normal_(emb.weight, std=self.config.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD_ID].zero_()
+
+    def set_dropout(self, p: float) -> None:
+        """The residual and embedding dropout (``model.dropout``); the trainer's schedule moves it."""
+        for module in (self.src_embed, self.tgt_embed, *self.encoder_layers, *self.decoder_layers):
+            module.dropout.p = p
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder_layers))
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        """The encoder memory. ``src_mask`` is checked here, once per batch, for a sentence
+        with no real token; ``decode`` then trusts the same mask.
+
+        Shapes: src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, D)
+        """
+        check_rows(src_mask)
+        x = self.src_embed(src)
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        return self.encoder_norm(x)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """Logits for every target position, and the cross-attention weights when asked.
+
+        Without a cache, ``tgt`` is the whole prefix. With one, ``tgt`` holds only the new
+        positions, which follow the ``cache.length`` already decoded; the cache's
+        cross-attention K/V may have a batch that divides ``tgt``'s (beams sharing a
+        source), in which case ``memory`` and ``src_mask`` have that smaller batch too.
+
+        ``src_mask`` is the one ``encode`` checked: no row of it is read on the host here, so
+        decoding steps run without a device sync.
+
+        Shapes:
+            tgt (B, T); memory (Bm, S, D); src_mask (Bm, 1, 1, S); Bm = B or B / beams
+            -> logits (B, T, V) and per layer weights (B, H, T, S) or None
+        """
+        start = cache.length if cache is not None else 0
+        n_new = tgt.shape[1]
+        # One new position may read everything before it: no mask needed.
+        tgt_mask = None if n_new == 1 else causal_mask(n_new, start + n_new, tgt.device)
+        x = self.tgt_embed(tgt, start)
+        weights = [] if need_weights else None
+        for i, layer in enumerate(self.decoder_layers):
+            self_cache = cache.self_attn[i] if cache is not None else None
+            cross_cache = cache.cross_attn[i] if cache is not None else None
+            x, w = layer(
+                x,
+                memory,
+                tgt_mask,
+                src_mask,
+                self_cache=self_cache,
+                cross_cache=cross_cache,
+                need_weights=need_weights,
+            )
+            if need_weights:
+                weights.append(w)
+        return self.output(self.decoder_norm(x)), weights  # (B, T, V)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher-forced logits. Shapes: src (B, S), tgt (B, T) -> (B, T, V)."""
+        src_mask = padding_mask(src)
+        return self.decode(tgt, self.encode(src, src_mask), src_mask)[0]
+
+
+def build_model(config: ModelConfig) -> Seq2Seq:
+    return Seq2Seq(config)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,557 @@
+"""The trainer: a loop of named steps over the model, the loss, the schedule and the run directory.
+
+Nothing here knows how the model works inside: it takes logits from ``model(src, tgt_in)``,
+computes the loss apart, and owns the schedule, clipping, validation, checkpoints and logs.
+The same code runs as one process or, under ``torchrun``, as several with
+DistributedDataParallel: every rank builds the same batch order, each takes its share of
+every batch, gradients are averaged, and only rank 0 writes files or prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from tqdm import tqdm
+
+from seq2seq.config import Config, TrainConfig, dropout_at
+from seq2seq.data.batching import Batch, Prefetcher, TokenBatchSampler, collate
+from seq2seq.errors import Seq2SeqError
+from seq2seq.fileio import atomic_write_text, remove_temporaries
+from seq2seq.model.transformer import build_model
+from seq2seq.run import checkpoint
+from seq2seq.run.precision import autocast, autocast_dtype, describe_precision
+from seq2seq.run.runlog import MetricsLog, say, write_environment
+from seq2seq.run.runtime import (
+    Runtime,
+    StopSignals,
+    agree,
+    barrier,
+    gather,
+    peak_memory,
+    seed_ranks,
+    setup_runtime,
+)
+from seq2seq.training.compiling import (
+    compile_errors,
+    compiled,
+    failure,
+    reason,
+    setting_of,
+    wants_compile,
+)
+from seq2seq.training.curves import update_run_curves
+from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
+from seq2seq.training.prepare import prepare_data
+from seq2seq.training.validation import save_attention_maps, validation_bleu, validation_loss
+
+
+@dataclass
+class TrainState:
+    """The loop's counters: saved with every checkpoint, restored by ``--resume``."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # batches of the current epoch already trained
+    best_bleu: float = -1.0  # best validation BLEU so far, and the step it was reached
+    best_step: int = 0
+    patience_best: float = -1.0  # best BLEU of the scheduled validations: what patience counts from
+    bad_validations: int = 0  # scheduled validations since patience_best improved
+    bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
+    valid_step: int = -1  # the step last validated
+    elapsed: float = 0.0  # seconds of training time, carried across resumes
+    finished: bool = False  # the end-of-run scoring and averaging are done
+    stop_reason: str | None = None
+
+    @classmethod
+    def from_saved(cls, counters: dict[str, Any]) -> TrainState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        state = cls(**{k: v for k, v in counters.items() if k in known})
+        if "patience_best" not in counters:  # saved before patience had its own reference
+            state.patience_best = state.best_bleu
+        state.stop_reason = None
+        return state
+
+
+def describe_dropout(config: Config) -> str:
+    """The dropout schedule in force, in one line: among a run's first lines."""
+    full, early, (start, end) = (
+        config.model.dropout,
+        config.train.early_dropout,
+        config.train.dropout_epochs,
+    )
+    if early is None or early == full:
+        return f"dropout: {full:g} throughout"
+    return f"dropout: {early:g} until epoch {start:g}, then rising to {full:g} at epoch {end:g}"
+
+
+# ---------------------------------------------------------------------------------------
+# The run directory, then the trainer.
+
+
+def train(
+    config: Config,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    tensorboard: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
+
+    With ``resume``, the recipe comes from the run's saved config and only the budgets
+    (``checkpoint.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
+    to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
+    scores, which are of the weights it replaces.
+    """
+    run_dir = Path(run_dir)
+    runtime = setup_runtime(config.train.device, config.train.threads)
+    if runtime.main:
+        checkpoint.prepare_run_dir(run_dir, resume, overwrite)
+    if runtime.world > 1:
+        dist.barrier()
+    lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
+    with lock:
+        if runtime.main:
+            remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
+        if overwrite and not resume and runtime.main:
+            checkpoint.clear_run_dir(run_dir)
+        if resume:
+            saved = checkpoint.load_config_file(run_dir)
+            for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
+                setattr(saved.train, name, getattr(config.train, name))
+            config = saved
+            finished = nothing_to_train(run_dir, config.train)
+            if finished:  # said before anything is written: the run stays as it was
+                if runtime.main:
+                    say(already_finished(run_dir, finished.stop_reason))
+                return dataclasses.asdict(finished)
+            removed = checkpoint.clear_scores(run_dir) if runtime.main else []
+            if removed:
+                say(f"removed {', '.join(removed)}: scores of the weights trained further", run_dir)
+        trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
+        return dataclasses.asdict(trainer.run())
+
+
+def nothing_to_train(run_dir: Path, t: TrainConfig) -> TrainState | None:
+    """The saved state of a finished run that the budgets ``t`` end where it is, its stop
+    reason set; None when there is training left. Read from ``last.safetensors`` alone."""
+    s = TrainState.from_saved(checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1])
+    if not s.finished:
+        return None
+    clock = f"max_time {t.max_time:g} min" if t.max_time and s.elapsed >= t.max_time * 60 else None
+    epochs = f"max_epochs {t.max_epochs}" if s.epoch >= t.max_epochs else None
+    s.stop_reason = spent_budget(s, t) or clock or epochs
+    return s if s.stop_reason else None
+
+
+def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
+    """The budget the counters say is spent (patience, then steps): the same on every rank."""
+    if s.bad_validations >= t.patience:
+        return f"no BLEU improvement in {t.patience} validations"
+    if t.max_steps is not None and s.step >= t.max_steps:
+        return f"max_steps {t.max_steps}"
+    return None
+
+
+def already_finished(run_dir: Path, reason: str) -> str:
+    return (
+        f"the run in {run_dir} is already finished ({reason}); nothing to do "
+        "(a larger budget on the command line trains it further)"
+    )
+
+
+class Trainer:
+    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains."""
+
+    def __init__(
+        self,
+        config: Config,
+        run_dir: Path,
+        runtime: Runtime,
+        resume: bool,
+        tensorboard: bool,
+        progress: bool,
+    ) -> None:
+        t, device = config.train, runtime.device
+        self.config, self.run_dir, self.runtime, self.progress = config, run_dir, runtime, progress
+        torch.manual_seed(t.seed)
+        self.data = prepare_data(config, run_dir, runtime, resume)
+        config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
+        config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
+        self.dtype = autocast_dtype(t.precision, device)
+        if runtime.main:
+            checkpoint.save_config(run_dir, config)
+            atomic_write_text(
+                run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2)
+            )
+        self.model = build_model(config.model).to(device)
+        seed_ranks(t.seed, runtime)  # the same initial weights, each rank its own dropout
+        self.optimizer = build_optimizer(self.model, config)
+        self.schedule = inverse_sqrt(t.warmup_steps)
+        self.state = TrainState()
+        if resume:
+            counters = checkpoint.load_training_state(
+                run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, runtime.rank
+            )
+            self.state = TrainState.from_saved(counters)
+        if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
+            write_environment(run_dir, runtime, self.dtype, self.state.step)
+        self.ddp = (
+            nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
+        )
+        # What the training step calls: the (DDP-wrapped) model, compiled if train.compile
+        # says so; compile errors surface at the first call, caught in train_epoch.
+        self.forward, self.compile_errors = self.ddp, ()
+        if wants_compile(t.compile, device):
+            self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
+        train_pairs = self.data.train  # lengths + 1: EOS (and BOS) included
+        self.sampler = TokenBatchSampler(
+            train_pairs.src_lengths + 1, train_pairs.tgt_lengths + 1, config.data.max_tokens, t.seed
+        )
+        self.log = MetricsLog(
+            run_dir, runtime.main, tensorboard, self.state.step if resume else None
+        )
+        self.signals = StopSignals()
+        # A monotonic clock: a suspended laptop or a clock step does not count as training.
+        self.started = time.monotonic() - self.state.elapsed
+        self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
+        self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
+        self.resumed = resume
+        self.say(self.describe(resume))
+        self.say(config.train.budgets())
+        self.say(describe_dropout(config))
+
+    def describe(self, resume: bool) -> str:
+        summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
+        return (
+            f"{summary['source']}: "
+            + ", ".join(f"{k} {v}" for k, v in summary["pairs"].items())
+            + f"; dropped {summary['dropped'] or 'none'}; model {n_params:,} parameters; "
+            + describe_precision(self.config.train.precision, self.dtype, self.runtime.device)
+            + (f" x{self.runtime.world} processes" if self.runtime.world > 1 else "")
+            + f"; a step takes {self.batches_per_step()} batch(es) of up to "
+            + f"{self.config.data.max_tokens} tokens"
+            + ("; torch.compile" if self.compile_errors else "")
+            + (f"; resuming at step {self.state.step}" if resume else "")
+        )
+
+    def batches_per_step(self) -> int:
+        """Every process takes ``accum_steps`` batches of ``data.max_tokens`` a step."""
+        return self.runtime.world * self.config.train.accum_steps
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self) -> TrainState:
+        s, t = self.state, self.config.train
+        self.model.train()
+        s.stop_reason = self.check_stop()  # a resumed run may already be over
+        if s.stop_reason is None and s.epoch >= t.max_epochs:
+            s.stop_reason = f"max_epochs {t.max_epochs}"
+        if self.resumed and s.finished and s.stop_reason:  # the clock ran out since train() looked
+            self.say(already_finished(self.run_dir, s.stop_reason))
+            self.log.close()
+            return agree(self.runtime, s)
+        s.finished = False
+        self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
+        with self.signals:
+            while s.stop_reason is None and s.epoch < t.max_epochs:
+                self.train_epoch()
+                self.save()
+            s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
+            if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
+                if s.valid_step != s.step:
+                    self.validate(scheduled=False)  # the state the budget ended on is scored
+                if t.average_last >= 2:
+                    self.try_average()
+                if t.attention_sentences and self.runtime.main:
+                    self.save_attention(draw=True)  # the last state's maps, drawn
+                s.finished = True
+            self.save()
+        self.log.close()
+        self.say(
+            f"stopped: {s.stop_reason}; best validation BLEU {s.best_bleu:.2f} at step "
+            f"{s.best_step}; {s.step} steps, {(time.monotonic() - self.started) / 60:.1f} min; "
+            f"run in {self.run_dir}"
+        )
+        return agree(self.runtime, s)  # the elapsed time is rank 0's
+
+    def train_epoch(self) -> None:
+        s, t = self.state, self.config.train
+        batches = self.sampler.batches(s.epoch)
+        bar = tqdm(
+            total=len(batches),
+            initial=s.batch,
+            desc=f"epoch {s.epoch}",
+            disable=not (self.progress and self.runtime.main),
+            leave=False,
+            dynamic_ncols=True,
+        )
+        self.tick, self.tick_tokens = time.monotonic(), 0
+        per_step = self.batches_per_step()
+        groups = [batches[i : i + per_step] for i in range(s.batch, len(batches), per_step)]
+        with Prefetcher(self.my_batches, groups, t.prefetch) as ready:
+            for group, mine in zip(groups, ready, strict=False):
+                self.model.set_dropout(dropout_at(self.config, s.epoch + s.batch / len(batches)))
+                try:
+                    loss, n_tokens = self.train_step(group, mine)
+                except self.compile_errors as e:  # () unless compiled: then catches nothing
+                    loss, n_tokens = self.uncompile(e, group, mine)
+                s.batch += len(group)
+                bar.update(len(group))
+                if math.isfinite(loss):
+                    s.step += 1
+                    self.after_step(loss, n_tokens, bar)
+                else:
+                    self.skip_bad_step()
+                # several processes agree on the clock and signals every log_every steps only
+                s.stop_reason = self.check_stop(
+                    self.runtime.world == 1 or s.step % t.log_every == 0
+                )
+                if s.stop_reason:
+                    break
+        bar.close()
+        if s.batch >= len(batches):
+            s.epoch, s.batch = s.epoch + 1, 0
+            # Validation is collective under torchrun: decided on the agreed reason, never on
+            # this rank's own signal flag, which another rank may not have yet.
+            s.stop_reason = s.stop_reason or self.check_stop()
+            if not t.validate_every and not (s.stop_reason or "").startswith("signal"):
+                self.validate()
+                s.stop_reason = s.stop_reason or self.check_stop()
+
+    # -- the steps -----------------------------------------------------------------------
+
+    def my_batches(self, group: list[np.ndarray]) -> list[tuple[Batch, float]]:
+        """This process's share of a step's ``group`` of batches, padded (pinned for a GPU),
+        each with its loss weight: a process left without a batch at the end of an epoch
+        takes part with the first one at weight 0, so that every process steps together."""
+        mine = group[self.runtime.rank :: self.runtime.world]
+        weighted = [(idx, 1.0) for idx in mine] or [(group[0], 0.0)]
+        pin = self.runtime.device.type == "cuda"
+        return [(collate(*self.data.train.pairs(idx)).pinned(pin), w) for idx, w in weighted]
+
+    def train_step(
+        self, group: list[np.ndarray], mine: list[tuple[Batch, float]]
+    ) -> tuple[float, int]:
+        """One optimizer step over ``group`` (every process's batches, ``mine`` this one's);
+        returns the mean loss per target token over the whole step (NaN for a step skipped
+        for a non-finite loss or gradient) and its target token count."""
+        t, runtime = self.config.train, self.runtime
+        # target tokens of the whole step, EOS included: what the loss averages over
+        n_total = int(sum(self.sampler.tgt_lengths[idx].sum() for idx in group))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=runtime.device)
+        for micro, (batch, weight) in enumerate(mine):
+            batch = batch.to(runtime.device)
+            last = micro == len(mine) - 1
+            sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
+            no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
+            with no_sync, autocast(runtime.device, self.dtype):
+                logits = self.forward(batch.src, batch.tgt_in)
+                loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
+            # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
+            (loss * runtime.world / n_total).backward()
+            loss_sum += loss.detach()
+        if runtime.world > 1:
+            dist.all_reduce(loss_sum)
+        # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
+        # with clipping off, an infinite max_norm measures without scaling). Both are read in
+        # one transfer: the step's only wait for the device, which the skip decision needs.
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or math.inf)
+        loss_total, norm = torch.stack([loss_sum.float(), norm.float()]).tolist()
+        mean_loss = loss_total / n_total
+        if not (math.isfinite(mean_loss) and math.isfinite(norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            return math.nan, n_total
+        for param_group in self.optimizer.param_groups:
+            factor = self.schedule(self.state.step + 1) * cooldown(self.budget_used, t.cooldown)
+            param_group["lr"] = t.lr * factor
+        self.optimizer.step()
+        return mean_loss, n_total
+
+    def uncompile(
+        self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
+    ) -> tuple[float, int]:
+        """A compiled step failed to compile: with ``train.compile: true`` that ends the run
+        in one line; with ``auto`` the run goes on eagerly, from this same step."""
+        if setting_of(self.config.train.compile) == "true":
+            raise failure(error) from None
+        self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
+        self.forward, self.compile_errors = self.ddp, ()
+        return self.train_step(group, mine)
+
+    def after_step(self, loss: float, n_tokens: int, bar: tqdm) -> None:
+        """Log every ``log_every`` steps; validate and save every ``validate_every``."""
+        s, t = self.state, self.config.train
+        self.tick_tokens += n_tokens
+        if s.step % t.log_every == 0:
+            rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
+            lr = self.optimizer.param_groups[0]["lr"]
+            postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
+            if t.max_time:
+                left = max(0.0, t.max_time * 60 - (time.monotonic() - self.started))
+                postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
+            bar.set_postfix(postfix)
+            dropout = self.model.src_embed.dropout.p
+            values = {
+                "loss": loss,
+                "lr": lr,
+                "dropout": dropout,
+                "tokens_per_s": rate,
+                "epoch": s.epoch,
+            }
+            self.log.log("train", s.step, values | peak_memory(self.runtime.device))
+            self.tick, self.tick_tokens = time.monotonic(), 0
+        if t.validate_every and s.step % t.validate_every == 0:
+            self.validate()
+            self.save()
+            self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s measures training alone
+
+    def skip_bad_step(self) -> None:
+        s, t = self.state, self.config.train
+        s.bad_steps += 1
+        self.say(
+            f"warning: non-finite loss at step {s.step + 1}; step skipped "
+            f"({s.bad_steps} of at most {t.max_bad_steps})"
+        )
+        if s.bad_steps > t.max_bad_steps:
+            raise Seq2SeqError(
+                f"training stopped: {s.bad_steps} steps with a NaN/Inf loss "
+                f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
+            )
+
+    def validate(self, scheduled: bool = True) -> None:
+        """Validation loss and greedy BLEU; the best weights by BLEU become ``model.safetensors``.
+
+        Only scheduled validations (every epoch or ``validate_every`` steps) count toward
+        patience, so that a run stopped by a budget and resumed stops early exactly where
+        an uninterrupted run would.
+        """
+        s, t, runtime = self.state, self.config.train, self.runtime
+        began = time.monotonic()
+        self.model.eval()
+        loss = validation_loss(
+            self.model, self.data, self.config.data.max_tokens, runtime, self.dtype
+        )
+        bleu = validation_bleu(self.model, self.data, self.config, runtime, self.dtype)
+        s.valid_step = s.step
+        best = bleu > s.best_bleu
+        if best:
+            s.best_bleu, s.best_step = bleu, s.step
+        if scheduled and bleu > s.patience_best:
+            s.patience_best, s.bad_validations = bleu, 0
+        elif scheduled:
+            s.bad_validations += 1
+        if not runtime.main:  # every rank knows the scores; rank 0 writes
+            self.model.train()
+            return
+        if best:
+            metadata = {"step": s.step, "bleu": bleu}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
+        if t.attention_sentences:  # the weights now, the PNGs once at the end (see run)
+            self.save_attention(draw=False)
+        minutes = (time.monotonic() - self.started) / 60
+        ppl = math.exp(min(loss, 50))
+        values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
+        # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
+        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
+        self.log.log("valid", s.step, {**values, **timing})
+        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
+        self.say(
+            f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
+            f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
+        )
+        self.model.train()
+
+    def save_attention(self, draw: bool) -> None:
+        """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
+        only at the end of a run: drawing at every validation cost more than its BLEU."""
+        out_dir = self.run_dir / "attention" / f"step_{self.state.step}"
+        was_training = self.model.training
+        self.model.eval()
+        save_attention_maps(
+            self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw
+        )
+        self.model.train(was_training)
+
+    def try_average(self) -> None:
+        """Average the last ``average_last`` kept states; keep the average as the best model
+        when its validation BLEU beats the best single state's."""
+        s, t = self.state, self.config.train
+        barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
+        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
+        if len(kept) < 2:
+            return
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
+        self.model.eval()
+        bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
+        steps = [int(p.stem.removeprefix("step_")) for p in kept]
+        better = bleu > s.best_bleu
+        if better:  # every rank knows the scores, as in validate; rank 0 writes
+            s.best_bleu, s.best_step = bleu, s.step
+        if better and self.runtime.main:
+            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        self.model.load_state_dict(trained)
+        self.model.train()
+        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
+        self.say(
+            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
+            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
+        )
+
+    def save(self) -> None:
+        """The whole training state into ``last.safetensors``, with every rank's RNG: dropout
+        masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
+        rng = gather(self.runtime, checkpoint.rng_state())
+        if self.runtime.main:
+            self.state.elapsed = time.monotonic() - self.started
+            checkpoint.save_training_state(
+                self.run_dir / checkpoint.LAST_FILE,
+                self.model,
+                self.optimizer,
+                dataclasses.asdict(self.state),
+                rng,
+            )
+
+    def check_stop(self, read_clock: bool = True) -> str | None:
+        """Why the run should stop now (the same answer on every rank), or None; also
+        updates ``budget_used``, which the learning-rate cool-down reads. Patience and the
+        step budget are the same on every rank; the clock is rank 0's, and a signal any
+        rank's, read only when ``read_clock`` (one exchange for several processes)."""
+        s, t = self.state, self.config.train
+        reason = spent_budget(s, t)
+        if not t.max_time:
+            self.budget_used = s.step / t.max_steps if t.max_steps else 0.0
+        if not read_clock:
+            return reason
+        elapsed, clock = time.monotonic() - self.started, None
+        if t.max_time and elapsed >= t.max_time * 60:
+            clock = f"max_time {t.max_time:g} min"
+        used = elapsed / (t.max_time * 60) if t.max_time else self.budget_used
+        # every rank stops, and cools down, by rank 0's clock; a signal to any rank (a
+        # scheduler or the OOM killer may signal one) stops them all, before patience and steps
+        seen = gather(self.runtime, (clock, used, self.signals.received))
+        clock, self.budget_used = seen[0][:2]
+        signals = [received for _, _, received in seen if received]
+        if signals:
+            return f"signal {signals[0]}"
+        return reason if reason or not clock else clock
+
+    def say(self, message: str) -> None:
+        if self.runtime.main:
+            say(message, self.run_dir)
