@@ -41,9 +41,9 @@ from experiments.records.render import (  # noqa: E402
     results_page,
 )
 from experiments.records.tables import tuning_table  # noqa: E402
-from seq2seq.checkpoint import read_tensors, write_tensors  # noqa: E402
-from seq2seq.corpora import open_corpus  # noqa: E402
-from seq2seq.evaluate import bleu_tokenize, evaluate_split, literature_bleu, score  # noqa: E402
+from seq2seq.data.corpora import open_corpus  # noqa: E402
+from seq2seq.decoding.evaluate import bleu_tokenize, evaluate_split, literature_bleu, score  # noqa: E402
+from seq2seq.run.checkpoint import read_tensors, write_tensors  # noqa: E402
 
 # --- collect, on a real run --------------------------------------------------------------
 
@@ -59,7 +59,7 @@ def scored_run(tmp_path_factory) -> Path:
 
 
 def _beam(run: Path, k: int):
-    from seq2seq.checkpoint import load_config_file
+    from seq2seq.run.checkpoint import load_config_file
 
     return load_config_file(run).decode.with_overrides(beam=k)
 
@@ -286,6 +286,19 @@ def test_the_readme_shows_the_headline_recipes_and_results_md_every_recipe(tmp_p
     (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"headline": "base"}))
     with pytest.raises(RecordError, match="headline must be a list of recipe labels"):
         load_records(tmp_path)
+
+
+def test_the_readme_names_a_shared_recipe_once_and_leaves_the_goals_to_results_md(tmp_path):
+    test = {"greedy": 30.5, "beam": 31.5, "literature": 32.5, "chrf": 50.0}
+    write_record(tmp_path, "a-s1", 1, 35.0, test, recipe="base; 1200 steps")
+    write_record(tmp_path, "b-s1", 1, 36.0, test, recipe="base; 4900 steps", lr=0.001)
+    goal = {"direction": "de-en", "recipe": "base; 1200 steps", "metric": "bleu_greedy"}
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"goals": [{**goal, "at_least": 40}]}))
+    readme = tuning_or_compact(tmp_path)
+    assert "Recipe: base.\n" in readme and "| direction | budget | seeds |" in readme
+    assert "| de→en | 1200 steps | 1 |" in readme and "| de→en | 4900 steps | 1 |" in readme
+    assert "≥ 40" not in readme and "not met" not in readme
+    assert "greedy ≥ 40: not met" in results_page(load_records(tmp_path))
 
 
 def test_a_missing_record_field_is_a_one_line_error(tmp_path, capsys):

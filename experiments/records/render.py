@@ -166,7 +166,7 @@ def _test_sets(found: dict[str, list[Tested]]) -> str:
 
 def compact(records: Records) -> str:
     """The README's block: test BLEU per direction of the headline recipes (goals.yaml's
-    ``headline``; every recipe without one), the goals, where the rest is."""
+    ``headline``; every recipe without one). The goals' verdicts are docs/results.md's."""
     headline = records.goals.get("headline")
     shown = records.tested
     if headline is not None:
@@ -175,7 +175,7 @@ def compact(records: Records) -> str:
         if missing:
             raise RecordError(f"goals.yaml headline: no tested record of {missing[0]!r}")
         shown = {key: runs for key, runs in shown.items() if key[1] in headline}
-    return compact_table(shown, goal_lines(records.goals, records.tested))
+    return compact_table(shown)
 
 
 def fill_markers(text: str, block: str, page: Path, doc: Path = DOC) -> str:

@@ -188,16 +188,22 @@ def tuning_table(trainings: list[Training]) -> str:
     return "\n".join(lines)
 
 
-def compact_table(tested: dict[tuple[str, str], list[Tested]], goals: list[str]) -> str:
-    """The README's table: per direction and recipe, the steps trained and the test BLEU
-    columns, mean ± sd."""
+def compact_table(tested: dict[tuple[str, str], list[Tested]]) -> str:
+    """The README's table: per direction and budget, the seeds and the test BLEU columns,
+    mean ± sd. Recipes that share a name before their budget (``name; budget``) are named
+    once, above the table."""
     if not tested:
         return "No test results recorded yet."
-    lines = [
-        "| direction | recipe | seeds | " + " | ".join(METRICS[k].label for k in COMPACT) + " |",
+    names = {recipe.rpartition("; ")[0] for _, recipe in tested}
+    shared = names.pop() if len(names) == 1 and "" not in names else None
+    lines = [f"Recipe: {shared}.", ""] if shared else []
+    column = "budget" if shared else "recipe"
+    lines += [
+        f"| direction | {column} | seeds | " + " | ".join(METRICS[k].label for k in COMPACT) + " |",
         "|---|---|---|" + "---:|" * len(COMPACT),
     ]
     for (direction, recipe), runs in tested.items():
         cells = [spread(values(runs, k), METRICS[k].digits, each=False) for k in COMPACT]
-        lines.append(f"| {arrow(direction)} | {recipe} | {len(runs)} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, "", *goals]).rstrip()
+        shown = recipe.rpartition("; ")[2] if shared else recipe
+        lines.append(f"| {arrow(direction)} | {shown} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
