@@ -506,3 +506,56 @@ def test_every_figure_beside_a_record_is_checked(page):
         if any(f"`{name}`" in paragraph for name in names):
             unchecked = set(_FIGURE.findall(paragraph)) - checked
             assert not unchecked, f"{page}: {sorted(unchecked)} beside a record, unchecked"
+
+
+def test_a_comparison_calls_a_lead_only_beyond_twice_its_standard_error(tmp_path):
+    for seed, base, close, far in (
+        (1, 40.0, 40.2, 41.5),
+        (2, 40.5, 40.6, 41.9),
+        (3, 40.2, 40.5, 41.7),
+    ):
+        write_record(tmp_path, f"base-s{seed}", seed, base)
+        write_record(tmp_path, f"close-s{seed}", seed, close, recipe="close", lr=0.003)
+        write_record(tmp_path, f"far-s{seed}", seed, far, recipe="far", lr=0.004)
+    write_record(tmp_path, "one-s1", 1, 45.0, recipe="one", lr=0.005, cpus=("Other CPU",))
+    base = {"label": "default", "records": ["base-s1", "base-s2", "base-s3"]}
+
+    def arm(name, seeds=(1, 2, 3)):
+        return {"label": name, "records": [f"{name}-s{s}" for s in seeds]}
+
+    comparisons = [
+        {"question": "close", "baseline": base, "candidate": arm("close")},
+        {"question": "far", "baseline": base, "candidate": arm("far")},
+        {"question": "one", "baseline": base, "candidate": arm("one", (1,))},
+    ]
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
+    page = results_page(load_records(tmp_path))
+    rows = page.split("## Comparisons")[1].split("\n## ")[0]
+    assert "| default | 1, 2, 3 | 40.23 ± 0.25 |" in rows
+    # +0.20 against 2 SE of 0.41: a tie; +1.47 against 0.37: a lead; both paired
+    assert "| close | 1, 2, 3 | 40.43 ± 0.21 | +0.20 | 0.41 | tie |" in rows
+    assert "| far | 1, 2, 3 | 41.70 ± 0.20 | +1.47 | 0.37 | lead |" in rows
+    # one seed, another machine
+    assert "| one | 1 | 45.00 | +4.77 | – | not judged (1 seed), unpaired |" in rows
+    comparisons[0]["candidate"]["records"][0] = "clsoe-s1"
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
+    with pytest.raises(RecordError, match="comparison 1 candidate: no record 'clsoe-s1'"):
+        results_page(load_records(tmp_path))
+
+
+def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_path):
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    names = {e["trainer"] for e in numerics}
+    for folder in sorted(RESULTS.glob("*/record.json")):
+        record = json.loads(folder.read_text())
+        assert record.get("trainer") in names | {"unknown"}, folder.parent.name
+    # the segments' commits decide, where git knows them: before and after the mask change
+    first, masks = numerics[0]["trainer"], numerics[1]
+    env = {"segments": [{"git_commit": masks["since"]}]}
+    assert trainer_of_run(env, numerics) == masks["trainer"]
+    env["segments"].insert(0, {"git_commit": None})
+    assert trainer_of_run(env, numerics) == f"unknown + {masks['trainer']}"
+    assert first == "F.dropout masks"

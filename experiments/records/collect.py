@@ -10,7 +10,8 @@ import tempfile
 from pathlib import Path
 
 from experiments.common import budget, model_used
-from experiments.records import GZIP_OVER, RECORD, RecordError
+from experiments.records import GZIP_OVER, RECORD, RESULTS, RecordError
+from experiments.records.compare import load_numerics, trainer_of_run
 from experiments.records.load import plain, read_json
 from seq2seq.config import Config
 from seq2seq.run import checkpoint
@@ -72,6 +73,7 @@ def describe(run_dir: Path, name: str, recipe: str | None, seed: int | None) -> 
     if not corpus:
         raise RecordError(f"{run_dir}/data_summary.json: no 'source' (the corpus it describes)")
     scores, other = _scores(run_dir, corpus, config)
+    environment = read_json(run_dir / "environment.json")
     return {
         "name": name,
         "recipe": recipe or re.sub(r"-(seed|s)\d+$", "", name),
@@ -79,6 +81,7 @@ def describe(run_dir: Path, name: str, recipe: str | None, seed: int | None) -> 
         "direction": f"{config.data.src}-{config.data.tgt}",
         "data": plain(corpus),
         "budget": budget(config.train),
+        "trainer": trainer_of_run(environment, load_numerics(RESULTS)),
         **used,
         "scores": scores,
         "other_scores": other,

@@ -52,6 +52,7 @@ class Training:
     valid_loss: float  # at the last validation
     by_epoch: dict[str, float]  # validation BLEU: "1", "2", … (first after each epoch), "end"
     machine: str = ""  # "AMD EPYC, bf16 autocast, 2 threads": what trained it, each segment
+    trainer: str = "unknown"  # the trainer's numerics (numerics.yaml), as collect recorded it
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def load_training(folder: Path) -> Training:
         valid_loss=valid[-1]["loss"],
         by_epoch=by_epoch,
         machine=_machine(folder),
+        trainer=r.get("trainer", "unknown"),
     )
 
 
@@ -195,7 +197,7 @@ def load_goals(results: Path) -> dict[str, Any]:
     when the file is absent."""
     path = results / GOALS
     if not path.is_file():
-        return {"min_seeds": 1, "goals": [], "headline": None}
+        return {"min_seeds": 1, "goals": [], "headline": None, "comparisons": []}
     goals = read_yaml(path) or {}
     for i, goal in enumerate(goals.get("goals", []), 1):
         for field in ("direction", "recipe", "metric", "at_least"):
@@ -206,8 +208,12 @@ def load_goals(results: Path) -> dict[str, Any]:
         isinstance(headline, list) and all(isinstance(r, str) for r in headline)
     ):
         raise RecordError(f"{path}: headline must be a list of recipe labels")
+    comparisons = goals.get("comparisons", [])
+    if not isinstance(comparisons, list):
+        raise RecordError(f"{path}: comparisons must be a list")
     return {
         "min_seeds": goals.get("min_seeds", 1),
         "goals": goals.get("goals", []),
         "headline": headline,
+        "comparisons": comparisons,
     }

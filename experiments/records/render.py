@@ -8,6 +8,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from experiments.records import DOC, GOALS, REPO, RecordError
+from experiments.records.compare import comparisons_table
 from experiments.records.load import (
     Tested,
     Training,
@@ -65,6 +66,15 @@ _TUNING_NOTE = (
     "Every recipe recorded, compared on validation BLEU of its scored weights (best first "
     "per direction) and validation loss at the end of training. This table is rendered from "
     "training and validation facts only: no test score reaches it."
+)
+
+_COMPARE_NOTE = (
+    "Each comparison of `goals.yaml` (`comparisons:`): validation BLEU of the scored weights, "
+    "mean ± sd over each arm's seeds, the candidate's difference from the baseline and twice "
+    "its standard error. A lead (or behind) is called only when the difference exceeds twice "
+    'its standard error; one seed on either side is not judged. "unpaired": the arms did not '
+    "all train on one machine with one trainer's numerics (`numerics.yaml`) on the same seeds, "
+    "so only the means are compared. The machine and trainer of every run are in the last column."
 )
 
 
@@ -125,6 +135,9 @@ def results_page(records: Records) -> str:
         "## Tuning: validation only",
         _TUNING_NOTE,
         tuning_table(records.trainings),
+        "## Comparisons: candidate against baseline, validation only",
+        _COMPARE_NOTE,
+        comparisons_table(records.goals["comparisons"], records.trainings),
         speed_sections(records.benchmarks),
         HOWTO,
     ]
