@@ -3,6 +3,7 @@ rank 0's data preparation outside the process group's timeout, DDP without buffe
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from seq2seq import runtime
+from seq2seq.runlog import write_environment
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,3 +106,19 @@ def test_on_a_gpu_setup_runtime_binds_the_device():
     rt = runtime.setup_runtime("cuda", threads=2)
     assert rt.device == torch.device("cuda", torch.cuda.current_device())
     assert torch.get_num_threads() == 2
+
+
+def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    for device in ("cuda:0", "cpu"):
+        write_environment(tmp_path / device, runtime.Runtime(device=torch.device(device)), None)
+    [gpu] = json.loads((tmp_path / "cuda:0" / "environment.json").read_text())["segments"]
+    assert (gpu["device"], gpu["gpu"], gpu["gpu_capability"]) == ("cuda:0", "Some GPU", "9.0")
+    assert (gpu["cuda"], gpu["cudnn"], gpu["nccl"]) == ("12.8", 90100, "2.27.3")
+    [cpu] = json.loads((tmp_path / "cpu" / "environment.json").read_text())["segments"]
+    assert cpu["device"] == "cpu" and not {"gpu", "cuda", "cudnn", "nccl"} & cpu.keys()
