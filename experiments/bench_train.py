@@ -59,7 +59,8 @@ from seq2seq.data.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.model.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model.transformer import build_model  # noqa: E402
 from seq2seq.run.precision import autocast, autocast_dtype, native_bf16  # noqa: E402
-from seq2seq.run.runlog import machine  # noqa: E402
+from seq2seq.run.runlog import accelerator, machine  # noqa: E402
+from seq2seq.run.runtime import setup_runtime  # noqa: E402
 from seq2seq.training.trainer import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
@@ -174,13 +175,21 @@ class Flops:
         return 3 * (linear + output + attention)
 
 
-def matmul_peak(dtype: torch.dtype, n: int, repeats: int) -> float:
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work, so that a clock read after it times the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(dtype: torch.dtype, n: int, repeats: int, device: torch.device) -> float:
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     a @ b  # warm up
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return 2 * n**3 / min(times)
 
@@ -243,6 +252,7 @@ def compiled_contestants(ours: nn.Module, reference: nn.Module) -> list[tuple[st
 class Trainee:
     def __init__(self, name: str, model: nn.Module, config, dtype, bucket: int = 0) -> None:
         self.name, self.model, self.dtype, self.bucket = name, model.train(), dtype, bucket
+        self.device = next(model.parameters()).device
         self.warmup_seconds = 0.0
         t = config.train
         self.optimizer = build_optimizer(
@@ -258,14 +268,16 @@ class Trainee:
         """One optimizer step; returns its wall time in seconds."""
         if self.bucket:
             batch = bucketed(batch, self.bucket)
+        synchronize(self.device)
         start = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
-        with autocast(torch.device("cpu"), self.dtype):
+        with autocast(self.device, self.dtype):
             logits = self.model(batch.src, batch.tgt_in)
         loss = sequence_loss(logits, batch.tgt_out, self.label_smoothing) / batch.n_tgt_tokens
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_norm)
         self.optimizer.step()
+        synchronize(self.device)
         elapsed = time.perf_counter() - start
         self.losses.append(loss.item())
         return elapsed
@@ -335,7 +347,11 @@ def write_record(
     record = {
         "benchmark": kind,
         "command": ["python", *sys.argv],
-        "environment": machine(),
+        "environment": {
+            **machine(),
+            "device": args.device,
+            **accelerator(torch.device(args.device)),
+        },
         "data": source,
         "max_tokens": config.data.max_tokens,
         "model_config": vars(config.model),
@@ -368,6 +384,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per model per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model first")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default), cuda, cuda:N: where the models train"
+    )
     parser.add_argument(
         "--precision",
         choices=("auto", "fp32", "bf16"),
@@ -407,22 +426,21 @@ def main() -> None:
             "data.max_tokens=512",
             *args.overrides,
         ]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = setup_runtime(args.device, args.threads).device
 
     config = load_config(args.config, args.overrides)
     batches, tokenizer, source = prepare_batches(args, config)
+    batches = [b.to(device) for b in batches]
     c = config.model
     c.src_vocab_size, c.tgt_vocab_size = tokenizer.src_vocab_size, tokenizer.tgt_vocab_size
-    cpu = torch.device("cpu")
     dtype = {
-        "auto": autocast_dtype(config.train.precision, cpu),
+        "auto": autocast_dtype(config.train.precision, device),
         "fp32": None,
         "bf16": torch.bfloat16,
     }[args.precision]
 
     torch.manual_seed(0)
-    ours = build_model(c)
+    ours = build_model(c).to(device)
     trainees = [Trainee("seq2seq", ours, config, dtype)]
     if args.profile:
         profiled = batches[args.warmup :][: args.profile]
@@ -441,10 +459,10 @@ def main() -> None:
         return
     for nested, tgt_pad in ((True, True), (False, True), (False, False)):
         name = f"nn.Transformer, nested {'on' if nested else 'off'}, tgt padding mask {'on' if tgt_pad else 'off'}"
-        trainees.append(Trainee(name, Reference(c, nested, tgt_pad), config, dtype))
+        trainees.append(Trainee(name, Reference(c, nested, tgt_pad).to(device), config, dtype))
     if dtype is not None:  # the reference's best set-up may be fp32: its bf16 attention is slow
         name = "nn.Transformer, nested off, tgt padding mask on, fp32"
-        trainees.append(Trainee(name, Reference(c, False, True), config, None))
+        trainees.append(Trainee(name, Reference(c, False, True).to(device), config, None))
     if args.compile:
         reference = trainees[2].model  # nested off, tgt padding mask on, in the same precision
         for name, model, bucket in compiled_contestants(ours, reference):
@@ -493,9 +511,9 @@ def main() -> None:
             file=sys.stderr,
         )
 
-    peaks = {"fp32": matmul_peak(torch.float32, args.matmul_size, 3)}
-    if native_bf16(torch.device("cpu")):  # emulated bf16 takes minutes and is no peak
-        peaks["bf16"] = matmul_peak(torch.bfloat16, args.matmul_size, 3)
+    peaks = {"fp32": matmul_peak(torch.float32, args.matmul_size, 3, device)}
+    if native_bf16(device):  # emulated bf16 takes minutes and is no peak
+        peaks["bf16"] = matmul_peak(torch.bfloat16, args.matmul_size, 3, device)
     results = []
     for trainee in trainees:
         results.append(

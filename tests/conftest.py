@@ -5,6 +5,7 @@ shared with other work OpenMP threads that spin-wait for each other slow every o
 many times over.
 """
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -26,6 +27,12 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device, and this machine has none")
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip)
+
     def rank(item):
         name = item.path.name
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from matplotlib.image import imread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,3 +231,15 @@ def test_train_all_keeps_finished_runs_and_resumes_killed_ones(tmp_path):
     assert read_tensors(last)[1]["step"] == 6 and read_tensors(last)[1]["finished"]
     train_all(configs, tmp_path, reuse=False, jobs=1)
     assert [r["step"] for r in read_metrics(tmp_path / "killed", "start")] == [0]
+
+
+def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would run")
+    script = REPO / "experiments" / "gpu_check.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--json", str(tmp_path / "record.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "no GPU is present" in done.stderr and not (tmp_path / "record.json").exists()

@@ -234,3 +234,15 @@ def test_dropout_gradient_is_the_same_mask_and_scale():
     ratio = (y / x).detach()  # each element dropped or scaled by 1 / (1 - p), nothing else
     assert torch.all((ratio == 0) | torch.isclose(ratio, torch.tensor(1 / 0.7)))
     torch.testing.assert_close(x.grad, upstream * ratio)
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_training_forward_never_syncs():
+    model = tiny().cuda().train()
+    src, tgt = tokens(3, 6).cuda(), tokens(3, 4, seed=2).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        model(src, tgt, check=False).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

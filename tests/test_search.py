@@ -114,6 +114,43 @@ def test_greedy_output_and_stop_reasons():
         assert hyp.score < 0 and hyp.normalized_score == hyp.score and hyp.attention is None
 
 
+def reference_greedy(model, src, max_len):
+    """Greedy decoding written plainly: one sentence at a time, the whole prefix through
+    ``model(src, prefix)`` at every step, PAD and BOS never chosen."""
+    outputs = []
+    for sentence in src:
+        sentence = sentence[sentence != PAD_ID][None]  # (1, S)
+        prefix = [BOS_ID]
+        while len(prefix) <= max_len and prefix[-1] != EOS_ID:
+            logits = model(sentence, torch.tensor([prefix]))[0, -1]
+            logits[[PAD_ID, BOS_ID]] = float("-inf")
+            prefix.append(int(logits.argmax()))
+        outputs.append(prefix[1:-1] if prefix[-1] == EOS_ID else prefix[1:])
+    return outputs
+
+
+def test_greedy_equals_a_plain_reference_loop(trained):
+    src = sources([7, 2, 5, 6], seed=5)
+    decode = DecodeConfig(max_len_a=0.0, max_len_b=9)
+    for model in (trained, tiny()):
+        with torch.inference_mode():
+            expected = reference_greedy(model, src, 9)
+        hyps = greedy_search(model, src, decode)
+        assert [h.tokens for h in hyps] == expected
+        if model is trained:  # it copies, and so stops at EOS
+            assert [h.stop_reason for h in hyps] == ["eos"] * 4
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_decoding_equals_the_cpus(trained):
+    src = sources([7, 2, 5], seed=3)
+    for decode in (DecodeConfig(), DecodeConfig(beam=3, nbest=2)):
+        on_cpu = flat(translate_batch(trained, src, decode))
+        on_gpu = flat(translate_batch(trained.cuda(), src.cuda(), decode))
+        trained.cpu()
+        assert_same(on_gpu, on_cpu)
+
+
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 2.0])
 def test_beam_one_equals_greedy(alpha, trained):
     for model in (tiny(), trained):

@@ -804,3 +804,29 @@ def test_compile_auto_is_eager_where_no_measurement_showed_a_win(monkeypatch):
     assert wants_compile("auto", cuda) and not wants_compile("auto", cpu)
     assert wants_compile(True, cpu) and wants_compile("true", cpu)
     assert not wants_compile(False, cpu) and not wants_compile("false", cpu)
+
+
+# -- no host reads in the training step's forward ----------------------------------------
+
+
+def test_the_training_forward_reads_nothing_on_the_host(tmp_path, monkeypatch):
+    # A read of a tensor's values on the host makes a GPU step wait for the device: the
+    # training (and validation loss) forward may make none. Decoding checks its sources.
+    from seq2seq.model.transformer import Seq2Seq
+
+    forward, calls = Seq2Seq.forward, []
+
+    def read(*args, **kwargs):
+        raise AssertionError("a tensor's values read on the host in the training forward")
+
+    def guarded(self, *args, **kwargs):
+        calls.append(1)
+        with monkeypatch.context() as reads:
+            for name in ("__bool__", "item", "tolist"):
+                reads.setattr(torch.Tensor, name, read)
+            return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(Seq2Seq, "forward", guarded)
+    config = tiny_config(train__max_steps=2, train__compile="false")
+    assert train(config, tmp_path / "run", progress=False)["step"] == 2
+    assert len(calls) >= 3  # two steps and a validation loss

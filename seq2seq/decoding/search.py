@@ -35,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 from seq2seq.config import DecodeConfig
 from seq2seq.model.transformer import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
-_NEVER_OUTPUT = [PAD_ID, BOS_ID]
 # A context variable, not an argument: the deadline crosses every layer between a server
 # and the loops (records, occlusion, interventions), and each thread has its own.
 _DEADLINE: ContextVar[float | None] = ContextVar("seq2seq_deadline", default=None)
@@ -268,13 +268,11 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypo
     with torch.inference_mode():
         src_mask = padding_mask(src)
         memory = model.encode(src, src_mask)
-        steps = max(len(ids) for ids in tgt) + 1
-        inputs = torch.full((len(tgt), steps), PAD_ID, device=src.device)  # (B, T)
-        targets = torch.full((len(tgt), steps), PAD_ID, device=src.device)
-        for i, ids in enumerate(tgt):
-            inputs[i, : len(ids) + 1] = torch.tensor([BOS_ID, *ids])
-            targets[i, : len(ids) + 1] = torch.tensor([*ids, EOS_ID])
-        # The decoder is causal: PAD inputs after a target's end cannot change its steps.
+        # padded on the host, copied to the device once: (B, 1 + T)
+        sequences = [torch.tensor([BOS_ID, *ids, EOS_ID]) for ids in tgt]
+        padded = pad_sequence(sequences, batch_first=True, padding_value=PAD_ID).to(src.device)
+        inputs, targets = padded[:, :-1], padded[:, 1:]  # (B, T)
+        # The decoder is causal: inputs after a target's end cannot change its steps.
         logits, weights = model.decode(inputs, memory, src_mask, need_weights=True)
         logp = logits.float().log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)  # (B, T)
         scores = logp.masked_fill(targets == PAD_ID, 0.0).sum(1)
@@ -320,7 +318,8 @@ def _next_logprobs(logits: Tensor, ban_eos: bool) -> Tensor:
     if ban_eos:
         last[:, EOS_ID] = float("-inf")
     logp = last.log_softmax(-1)
-    logp[:, _NEVER_OUTPUT] = float("-inf")
+    for never_output in (PAD_ID, BOS_ID):  # integer indices: no list copied to the device
+        logp[:, never_output] = float("-inf")
     return logp
 
 

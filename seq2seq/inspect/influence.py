@@ -90,9 +90,10 @@ def occlude(
         raise ValueError("Occlusion needs the model in eval mode (dropout off): call model.eval()")
     s, device = src.shape[1], src.device
     groups = [[j] for j in range(s)] if groups is None else groups
-    hidden = torch.zeros(len(groups), s, dtype=torch.bool, device=device)  # (G, S)
+    hidden = torch.zeros(len(groups), s, dtype=torch.bool)  # (G, S), filled on the host
     for g, positions in enumerate(groups):
         hidden[g, list(positions)] = True
+    hidden = hidden.to(device)  # one copy, not one a group
     with torch.inference_mode():
         src_mask = padding_mask(src)  # (1, 1, 1, S)
         allowed = src_mask & ~hidden[:, None, None, :]  # (G, 1, 1, S)

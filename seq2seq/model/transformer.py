@@ -73,13 +73,17 @@ class Seq2Seq(nn.Module):
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder_layers))
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """The encoder memory. ``src_mask`` is checked here, once per batch, for a sentence
-        with no real token; ``decode`` then trusts the same mask.
+    def encode(self, src: Tensor, src_mask: Tensor, check: bool = True) -> Tensor:
+        """The encoder memory. With ``check`` (the default, for sources from a user),
+        ``src_mask`` is checked here, once per batch, for a sentence with no real token, at
+        the cost of one read on the host; ``decode`` then trusts the same mask. The trainer
+        passes False: its batches always end in EOS, and the read would make every
+        micro-batch wait for the device.
 
         Shapes: src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, D)
         """
-        check_rows(src_mask)
+        if check:
+            check_rows(src_mask)
         x = self.src_embed(src)
         for layer in self.encoder_layers:
             x = layer(x, src_mask)
@@ -129,10 +133,13 @@ class Seq2Seq(nn.Module):
                 weights.append(w)
         return self.output(self.decoder_norm(x)), weights  # (B, T, V)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher-forced logits. Shapes: src (B, S), tgt (B, T) -> (B, T, V)."""
+    def forward(self, src: Tensor, tgt: Tensor, check: bool = True) -> Tensor:
+        """Teacher-forced logits; ``check`` as in ``encode``.
+
+        Shapes: src (B, S), tgt (B, T) -> (B, T, V)
+        """
         src_mask = padding_mask(src)
-        return self.decode(tgt, self.encode(src, src_mask), src_mask)[0]
+        return self.decode(tgt, self.encode(src, src_mask, check), src_mask)[0]
 
 
 def build_model(config: ModelConfig) -> Seq2Seq:

@@ -123,6 +123,21 @@ def machine() -> dict[str, Any]:
     }
 
 
+def accelerator(device: torch.device) -> dict[str, Any]:
+    """On a GPU: its name and compute capability, and the CUDA, cuDNN and NCCL versions this
+    torch was built with; nothing elsewhere."""
+    if device.type != "cuda":
+        return {}
+    nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+    return {
+        "gpu": torch.cuda.get_device_name(device),
+        "gpu_capability": ".".join(map(str, torch.cuda.get_device_capability(device))),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+    }
+
+
 def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
     """What someone needs to reproduce a number: versions, hardware, the command line.
 
@@ -131,6 +146,7 @@ def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> 
     environment = {
         **machine(),
         "device": str(runtime.device),
+        **accelerator(runtime.device),
         "processes": runtime.world,
         "precision": "bf16 autocast" if dtype else "fp32",
         "command": sys.argv,

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from seq2seq.errors import Seq2SeqError
 
 Value = TypeVar("Value")
+
+# How long the other ranks wait for rank 0 to prepare the data (``main_first``): tokenizing
+# a corpus of millions of pairs can outlast NCCL's 10-minute default, which then aborts
+# the job; a rank 0 that fails ends the job sooner anyway (torchrun stops the others).
+PREPARE_TIMEOUT = timedelta(hours=12)
 
 
 @dataclass
@@ -52,22 +61,31 @@ def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
 
     ``device`` is ``auto`` (CUDA, then Apple's MPS, then the CPU), ``cpu``, ``cuda``,
     ``cuda:N`` or ``mps``; one that is not there is a one-line error. Under ``torchrun``
-    every rank takes the CUDA device of its local rank (nccl) or shares the CPU (gloo). On
-    the CPU, ``threads`` sets torch's intra-op threads (default: the cores over the local
-    ranks).
+    every rank takes the CUDA device of its local rank (nccl), bound before the process
+    group, or shares the CPU (gloo). On any device ``threads`` sets torch's intra-op threads
+    (default under torchrun: the cores over the local ranks).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = _resolve(device, local_rank if world > 1 else None)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    rank = dist.get_rank() if world > 1 else 0
-    if dev.type == "cuda":
+    if dev.type == "cuda":  # bound before the process group: NCCL then uses it, not a guess
         torch.cuda.set_device(dev)
-    elif threads or world > 1:
+    # On every device: SentencePiece, the batches and the CPU side of a GPU run use these
+    # threads, and torchrun has set OMP_NUM_THREADS=1.
+    if threads or world > 1:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **_device_id(dev))
+    rank = dist.get_rank() if world > 1 else 0
     return Runtime(rank, world, dev)
+
+
+def _device_id(device: torch.device) -> dict[str, torch.device]:
+    """``init_process_group``'s ``device_id`` for a GPU, where this torch has it (2.3 and later):
+    the NCCL communicator is then made for this device at once."""
+    takes_it = "device_id" in inspect.signature(dist.init_process_group).parameters
+    return {"device_id": device} if device.type == "cuda" and takes_it else {}
 
 
 def _resolve(device: str, local_rank: int | None) -> torch.device:
@@ -105,6 +123,15 @@ def _resolve(device: str, local_rank: int | None) -> torch.device:
     return resolved
 
 
+def distributed(model: nn.Module, runtime: Runtime) -> nn.Module:
+    """``model`` as the training step calls it: wrapped in DistributedDataParallel under
+    torchrun, else itself. Its buffers are not broadcast before every forward: the model's
+    are the sinusoidal position tables, fixed and the same on every rank."""
+    if runtime.world == 1:
+        return model
+    return nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+
+
 def seed_ranks(seed: int, runtime: Runtime) -> None:
     """Called once the model is built (the same initial weights everywhere): every rank
     draws its own dropout masks from here on. Rank 0 goes on with the stream a single
@@ -114,8 +141,25 @@ def seed_ranks(seed: int, runtime: Runtime) -> None:
 
 
 def barrier(runtime: Runtime) -> None:
+    """Every rank waits for the others; on GPUs, on this rank's own device."""
     if runtime.world > 1:
-        dist.barrier()
+        cuda = runtime.device.type == "cuda"
+        dist.barrier(device_ids=[runtime.device.index] if cuda else None)
+
+
+def main_first(
+    runtime: Runtime, work: Callable[[], Value], timeout: timedelta = PREPARE_TIMEOUT
+) -> Value:
+    """``work()`` done by rank 0 alone, its result returned on every rank. The others wait on
+    a gloo group of their own with ``timeout``, not in a collective of the process group
+    (NCCL's watchdog aborts one pending past its 10-minute default)."""
+    if runtime.world == 1:
+        return work()
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    box = [work() if runtime.main else None]
+    dist.broadcast_object_list(box, src=0, group=group)
+    dist.destroy_process_group(group)
+    return box[0]
 
 
 def total(runtime: Runtime, *values: float) -> list[float]:

@@ -8,7 +8,8 @@ modification times, the tokenizer files' sha256, the filters), the validation pa
 the data summary. A resumed run whose key still matches reads only the manifest and the
 pairs' lengths: no corpus reading, no tokenizer training; one whose corpus changed encodes it
 again with the run's tokenizer, and says whether the pairs came out the same (the resume
-stays exact) or not. Rank 0 prepares; every rank checks that the store it reads was made
+stays exact) or not. Rank 0 prepares while the other ranks wait (``runtime.main_first``),
+before any collective of the training; every rank checks that the store it reads was made
 for rank 0's key.
 """
 
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from seq2seq.config import Config, DataConfig
 from seq2seq.data.corpora import Corpus, corpus_identity, encode_pairs, open_corpus
 from seq2seq.data.store import (
@@ -38,7 +37,7 @@ from seq2seq.data.store import (
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run.runlog import say
-from seq2seq.run.runtime import Runtime, agree
+from seq2seq.run.runtime import Runtime, main_first
 
 DATA_DIR = "data"  # the store, in the run directory
 # SentencePiece learns its pieces from a seeded sample of at most this many training pairs
@@ -68,10 +67,8 @@ class Prepared:
 def prepare_data(config: Config, run_dir: Path, runtime: Runtime, resume: bool) -> Prepared:
     """The run's data; rank 0 writes the tokenizer (unless resuming) and the store first."""
     directory = run_dir / DATA_DIR
-    key = _ensure_store(config, run_dir, resume) if runtime.main else None
-    if runtime.world > 1:
-        dist.barrier()  # rank 0 has written the tokenizer and the store
-        key = agree(runtime, key)
+    # before the training's first collective, which no rank waits in meanwhile
+    key = main_first(runtime, lambda: _ensure_store(config, run_dir, resume))
     manifest = read_manifest(directory)
     if manifest is None and not runtime.main:  # rank 0 wrote it, but not where this rank looks
         raise Seq2SeqError(

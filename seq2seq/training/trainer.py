@@ -37,6 +37,7 @@ from seq2seq.run.runtime import (
     StopSignals,
     agree,
     barrier,
+    distributed,
     gather,
     peak_memory,
     seed_ranks,
@@ -119,8 +120,7 @@ def train(
     runtime = setup_runtime(config.train.device, config.train.threads)
     if runtime.main:
         checkpoint.prepare_run_dir(run_dir, resume, overwrite)
-    if runtime.world > 1:
-        dist.barrier()
+    barrier(runtime)
     lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
         if runtime.main:
@@ -208,9 +208,7 @@ class Trainer:
             self.state = TrainState.from_saved(counters)
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
             write_environment(run_dir, runtime, self.dtype, self.state.step)
-        self.ddp = (
-            nn.parallel.DistributedDataParallel(self.model) if runtime.world > 1 else self.model
-        )
+        self.ddp = distributed(self.model, runtime)
         # What the training step calls: the (DDP-wrapped) model, compiled if train.compile
         # says so; compile errors surface at the first call, caught in train_epoch.
         self.forward, self.compile_errors = self.ddp, ()
@@ -359,7 +357,7 @@ class Trainer:
             sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
             no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
             with no_sync, autocast(runtime.device, self.dtype):
-                logits = self.forward(batch.src, batch.tgt_in)
+                logits = self.forward(batch.src, batch.tgt_in, check=False)  # no host read
                 loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
             # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
             (loss * runtime.world / n_total).backward()

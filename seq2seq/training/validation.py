@@ -26,17 +26,17 @@ def validation_loss(
     model: nn.Module, data: Prepared, max_tokens: int, runtime: Runtime, dtype
 ) -> float:
     """Loss per target token over the validation split; several processes take a share of
-    the batches each and add up."""
-    loss = tokens = 0.0
+    the batches each and add up. The loss is summed on the device and read once."""
+    loss, tokens = torch.zeros((), device=runtime.device), 0
     batches = batches_of(data.valid_src, data.valid_tgt, max_tokens)
     for idx in batches[runtime.rank :: runtime.world]:
         batch = collate([data.valid_src[i] for i in idx], [data.valid_tgt[i] for i in idx])
         batch = batch.to(runtime.device)
         with autocast(runtime.device, dtype):
-            logits = model(batch.src, batch.tgt_in)
-        loss += sequence_loss(logits, batch.tgt_out, 0.0).item()
+            logits = model(batch.src, batch.tgt_in, check=False)  # collate ends each in EOS
+        loss += sequence_loss(logits, batch.tgt_out, 0.0)
         tokens += batch.n_tgt_tokens
-    loss, tokens = total(runtime, loss, tokens)
+    loss, tokens = total(runtime, loss.item(), tokens)
     return loss / max(tokens, 1)
 
 

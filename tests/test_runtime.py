@@ -1,0 +1,124 @@
+"""Where training runs: threads on every device, the GPU bound before the process group,
+rank 0's data preparation outside the process group's timeout, DDP without buffer broadcasts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from seq2seq.run import runtime
+from seq2seq.run.runlog import write_environment
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Two gloo ranks whose process group times out after 3 s, while rank 0 "prepares" for 8 s;
+# then a DDP step with rank 1's position tables made different from rank 0's.
+JOB = """
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from helpers import tiny_model
+from seq2seq.run.runtime import distributed, leave_process_group, main_first, setup_runtime
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=3))
+rt = setup_runtime("cpu", threads=1)
+print(f"rank {rt.rank}: {main_first(rt, lambda: time.sleep(8) or 'prepared')}", flush=True)
+model = tiny_model().train()
+with torch.no_grad():
+    model.src_embed.positions += rt.rank  # a buffer DDP would overwrite with rank 0's
+src = torch.tensor([[5, 6, 7, 2]])
+distributed(model, rt)(src, src).sum().backward()
+print(f"rank {rt.rank}: positions shifted by {model.src_embed.positions[0, 1].item():.0f}")
+leave_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> subprocess.CompletedProcess:
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
+    script = tmp_path_factory.mktemp("job") / "job.py"
+    script.write_text(JOB)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    return subprocess.run(
+        [*command, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_rank_0_prepares_for_longer_than_the_process_groups_timeout(two_ranks):
+    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
+    assert "rank 0: prepared" in two_ranks.stdout and "rank 1: prepared" in two_ranks.stdout
+
+
+def test_ddp_leaves_each_ranks_buffers_alone(two_ranks):
+    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
+    # sin(0) + 0 at position 0, column 1 is cos(0) = 1: rank 1's table kept its own shift
+    assert "rank 0: positions shifted by 1" in two_ranks.stdout
+    assert "rank 1: positions shifted by 2" in two_ranks.stdout
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """Four CUDA devices as far as ``setup_runtime`` asks, and the calls it makes on them."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    threads = torch.get_num_threads()
+    yield calls
+    torch.set_num_threads(threads)
+
+
+def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
+    runtime.setup_runtime("cuda", threads=3)
+    assert torch.get_num_threads() == 3  # SentencePiece and the batches run on them
+
+
+def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch):
+    def init(backend, timeout=None, device_id=None):  # the arguments of torch's own
+        fake_gpus.append(("init_process_group", backend, device_id))
+
+    monkeypatch.setattr(dist, "init_process_group", init)
+    monkeypatch.setattr(dist, "get_rank", lambda: 2)
+    env = {"WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    rt = runtime.setup_runtime("cuda")
+    gpu = torch.device("cuda", 2)
+    assert (rt.rank, rt.world, rt.device) == (2, 4, gpu)
+    assert fake_gpus == [("set_device", gpu), ("init_process_group", "nccl", gpu)]
+    assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 4)
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_setup_runtime_binds_the_device():
+    rt = runtime.setup_runtime("cuda", threads=2)
+    assert rt.device == torch.device("cuda", torch.cuda.current_device())
+    assert torch.get_num_threads() == 2
+
+
+def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 90100)
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    for device in ("cuda:0", "cpu"):
+        write_environment(tmp_path / device, runtime.Runtime(device=torch.device(device)), None)
+    [gpu] = json.loads((tmp_path / "cuda:0" / "environment.json").read_text())["segments"]
+    assert (gpu["device"], gpu["gpu"], gpu["gpu_capability"]) == ("cuda:0", "Some GPU", "9.0")
+    assert (gpu["cuda"], gpu["cudnn"], gpu["nccl"]) == ("12.8", 90100, "2.27.3")
+    [cpu] = json.loads((tmp_path / "cpu" / "environment.json").read_text())["segments"]
+    assert cpu["device"] == "cpu" and not {"gpu", "cuda", "cudnn", "nccl"} & cpu.keys()
