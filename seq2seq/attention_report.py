@@ -74,6 +74,7 @@ def attention_report(
     words: bool = False,
     influence: bool = True,
     interventions: Sequence[str] = (),
+    with_page_interventions: bool = True,
     fmt: str | None = None,
     out: str | Path | None = None,
     device: str = "auto",
@@ -90,7 +91,7 @@ def attention_report(
     per line. ``influence``: each record holds the occlusion map beside the attention
     (``seq2seq.influence``); ``interventions``: specs such as "uniform:2" or "mask:3"
     (``seq2seq.interventions.parse_spec``), each decoded again per sentence; an HTML page
-    holds ``page_interventions`` besides. Bad input raises ``Seq2SeqError`` with a one-line
+    holds ``page_interventions`` besides, unless not ``with_page_interventions``. Bad input raises ``Seq2SeqError`` with a one-line
     message, before any file is written.
 
     Returns a dict: path, format, title, records (see ``sentence_records``) and
@@ -111,7 +112,7 @@ def attention_report(
     model_config = translator.model.config
     layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
     asked = list(interventions)
-    if fmt == "html":
+    if fmt == "html" and with_page_interventions:
         given = {parse_spec(text, model_config.n_dec_layers) for text in asked}
         page = page_interventions(model_config.n_dec_layers)
         interventions = [*asked, *(spec.text for spec in page if spec not in given)]
@@ -182,13 +183,7 @@ def sentence_records(
     (``seq2seq.interventions.intervention_records``), source positions numbered as the
     record's columns.
     """
-    if not sentences:
-        raise Seq2SeqError("no sentences given")
-    for n, s in enumerate(sentences, start=1):
-        if not s.strip():
-            raise Seq2SeqError(
-                "the sentence is empty" if len(sentences) == 1 else f"sentence {n} is empty"
-            )
+    check_sentences(translator, sentences)
     if references is not None:
         if len(references) != len(sentences):
             raise Seq2SeqError(f"{len(references)} references for {len(sentences)} sentences")
@@ -222,8 +217,7 @@ def sentence_interventions(
 ) -> list[dict]:
     """The interventions of one sentence alone, as ``sentence_records`` holds them (what
     ``seq2seq serve``'s interventions panel asks for): no maps, no other decoding."""
-    if not sentence.strip():
-        raise Seq2SeqError("the sentence is empty")
+    check_sentences(translator, [sentence])
     specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
     decode = _decode_config(translator, 1, max_len, ban_eos)
     source = _source(translator, sentence, words)
@@ -231,6 +225,26 @@ def sentence_interventions(
         return intervention_records(
             translator, source.src, decode, specs, source.columns, source.units
         )
+
+
+def check_sentences(translator: Translator, sentences: list[str]) -> None:
+    """Refuse (``Seq2SeqError``) no sentences, a blank one, or one the tokenizer reads as no
+    subwords at all (only characters it drops, such as U+200B or control characters):
+    ``seq2seq translate`` leaves such a line untranslated, and a source of EOS alone has no
+    position to hide (influence, ``mask:N``)."""
+    if not sentences:
+        raise Seq2SeqError("no sentences given")
+    encoded = translator.tokenizer.encode_batch(sentences, "src")
+    for n, (s, ids) in enumerate(zip(sentences, encoded, strict=True), start=1):
+        which = "the sentence" if len(sentences) == 1 else f"sentence {n}"
+        if not s.strip():
+            raise Seq2SeqError(f"{which} is empty")
+        if not ids:
+            shown = " ".join(f"U+{ord(c):04X}" for c in dict.fromkeys(s) if not c.isspace())
+            raise Seq2SeqError(
+                f"{which} has no subwords: the tokenizer drops each of its characters "
+                f"({shown[:60]}); nothing to translate"
+            )
 
 
 def _decode_config(

@@ -158,7 +158,8 @@ def inputs(tmp_path_factory):
     """Input files for the bad-input cases, outside the folder those check stays empty."""
     folder = tmp_path_factory.mktemp("inputs")
     files = {"IN": [SENTENCE, "Zwei Hunde."], "ONE": [REFERENCE], "GAP": [SENTENCE, "", "x"],
-             "MANY": ["x"] * (MAX_PAGE_SENTENCES + 1)}  # fmt: skip
+             "MANY": ["x"] * (MAX_PAGE_SENTENCES + 1),
+             "DROPPED": [SENTENCE, "\x01\x7f"]}  # fmt: skip
     for name, lines in files.items():
         (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {name: folder / name for name in files}
@@ -181,6 +182,9 @@ def inputs(tmp_path_factory):
         (["RUN", "-i", "IN", "--reference", "x", "-o", "a.html"], "--reference goes with SENTENCE"),
         (["RUN", SENTENCE, "--reference-file", "ONE"], "--reference-file goes with -i FILE"),
         (["RUN", "-i", "GAP", "-o", "a.json"], "line 2 is empty"),
+        (["RUN", "\u200b"], "the sentence has no subwords: the tokenizer drops each of its"),
+        (["RUN", "\ufeff", "--no-influence"], "the sentence has no subwords"),
+        (["RUN", "-i", "DROPPED", "-o", "a.json"], "sentence 2 has no subwords"),
         (["RUN", "-i", "IN", "--reference-file", "ONE", "-o", "a.json"], "1 references for 2"),
         (["RUN", "-i", "/no/such/file", "-o", "a.json"], "-i /no/such/file: No such file"),
         (["RUN", "-i", "MANY", "-o", "a.html"], f"at most {MAX_PAGE_SENTENCES}"),
@@ -188,6 +192,8 @@ def inputs(tmp_path_factory):
         (["RUN", SENTENCE, "--intervene", "uniform:3"], "the decoder has layers 1..2"),
         (["RUN", SENTENCE, "--intervene", "mask"], "name the source position to hide"),
         (["RUN", SENTENCE, "--intervene", "mask:99"], "--intervene mask:99: the source has"),
+        (["RUN", SENTENCE, "--intervene", "mask:\u00b2"], "name the source position to hide"),
+        (["RUN", SENTENCE, "--intervene", "uniform:\u00b2"], "the decoder has layers 1..2"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(

@@ -193,6 +193,8 @@ def test_bad_interventions_are_refused():
         ("uniform:x", "the decoder has layers 1..2"),
         ("mask", "name the source position"),
         ("mask:0", "name the source position"),
+        ("mask:\u00b2", "name the source position"),  # "²".isdigit(), but int("²") fails
+        ("uniform:\u00b2", "the decoder has layers 1..2"),
     ]:
         with pytest.raises(Seq2SeqError, match=message):
             parse_spec(spec, 2)
