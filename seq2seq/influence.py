@@ -45,7 +45,7 @@ class Occlusion:
     """Each target token's probability with nothing hidden and with each group hidden.
 
     Shapes: probs, log_probs (T,); masked_probs, masked_log_probs (G, T); attention: the
-    unmasked pass' cross-attention, per layer (H, T, S)
+    unmasked cross-attention, per layer (H, T, S), where asked for
     """
 
     probs: Tensor
@@ -53,7 +53,7 @@ class Occlusion:
     masked_probs: Tensor
     masked_log_probs: Tensor
     attention: list[Tensor]
-    passes: int  # decoder passes it took, the unmasked one included
+    passes: int  # decoder passes it took
 
     @property
     def influence(self) -> Tensor:
@@ -69,15 +69,18 @@ def occlude(
     groups: Sequence[Sequence[int]] | None = None,
     *,
     max_logits: int | None = MAX_LOGITS,
+    need_weights: bool = False,
 ) -> Occlusion:
     """Teacher-force ``tgt_ids`` once as is and once per group of source positions hidden
-    from cross-attention in every layer, the ``G`` occlusions batched: one pass, or a few
-    of at most ``max_logits`` logits each (None: one).
+    from cross-attention in every layer, batched: the unmasked row and the ``G`` occlusions
+    in one pass, or in a few of the same batch size and at most ``max_logits`` logits each
+    (None: one), so that the drop compares rows the decoder computed alike.
 
     ``tgt_ids`` are the tokens scored, BOS excluded: an output that stopped at EOS ends
     with it. ``groups`` default to every position alone (``G = S``); a group may hold the
-    subwords of a word; none at all leaves the unmasked pass alone. The encoder sees the
-    whole source in every pass.
+    subwords of a word; none at all leaves the unmasked row alone. The encoder sees the
+    whole source in every pass. ``need_weights``: one more pass, alone, for the unmasked
+    cross-attention (``Occlusion.attention``; else an empty list).
 
     Shapes:
         src: (1, S); tgt_ids: T ids; groups: G lists of positions -> ``Occlusion``
@@ -90,35 +93,40 @@ def occlude(
         raise ValueError("Occlusion needs the model in eval mode (dropout off): call model.eval()")
     s, device = src.shape[1], src.device
     groups = [[j] for j in range(s)] if groups is None else groups
-    hidden = torch.zeros(len(groups), s, dtype=torch.bool, device=device)  # (G, S)
-    for g, positions in enumerate(groups):
+    hidden = torch.zeros(1 + len(groups), s, dtype=torch.bool, device=device)  # (1 + G, S)
+    for g, positions in enumerate(groups, start=1):  # row 0 hides nothing
         hidden[g, list(positions)] = True
     with torch.inference_mode():
         src_mask = padding_mask(src)  # (1, 1, 1, S)
-        allowed = src_mask & ~hidden[:, None, None, :]  # (G, 1, 1, S)
+        allowed = src_mask & ~hidden[:, None, None, :]  # (1 + G, 1, 1, S)
         check_rows(allowed)  # a group may not hide every real position
         memory = model.encode(src, src_mask)  # (1, S, D)
         tgt_in = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=device)  # (1, T)
         target = torch.tensor(list(tgt_ids), device=device)  # (T,)
-        logits, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
-        probs, log_probs = _target_probs(logits, target)  # (1, T)
-        n = len(groups)
+        rows = allowed.shape[0]
+        n = rows
         if max_logits is not None:
-            n = max(1, min(n, max_logits // logits[0].numel()))
-        masked = []
-        for part in allowed.split(n) if groups else ():  # (n, 1, 1, S)
+            n = max(1, min(n, max_logits // (len(tgt_ids) * model.config.tgt_vocab_size)))
+        # The last pass filled up with unmasked rows (dropped after), to the others' size.
+        filled = torch.cat([allowed, src_mask.expand(-rows % n, -1, -1, -1)])  # (n * passes, ...)
+        scored = []
+        for part in filled.split(n):  # (n, 1, 1, S)
             check_deadline()
-            b = part.shape[0]
-            part_logits, _ = model.decode(tgt_in.expand(b, -1), memory.expand(b, -1, -1), part)
-            masked.append(_target_probs(part_logits, target))  # (n, T) twice
-    none = probs[:0]  # (0, T): no group, no row
+            part_logits, _ = model.decode(tgt_in.expand(n, -1), memory.expand(n, -1, -1), part)
+            scored.append(_target_probs(part_logits, target))  # (n, T) twice
+        probs = torch.cat([p for p, _ in scored])[:rows]  # (1 + G, T)
+        log_probs = torch.cat([lp for _, lp in scored])[:rows]
+        attention = []
+        if need_weights:
+            _, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
+            attention = [w[0] for w in weights]
     return Occlusion(
         probs=probs[0],
         log_probs=log_probs[0],
-        masked_probs=torch.cat([none, *(p for p, _ in masked)]),
-        masked_log_probs=torch.cat([none, *(lp for _, lp in masked)]),
-        attention=[w[0] for w in weights],
-        passes=1 + len(masked),
+        masked_probs=probs[1:],
+        masked_log_probs=log_probs[1:],
+        attention=attention,
+        passes=len(scored) + need_weights,
     )
 
 

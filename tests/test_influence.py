@@ -78,13 +78,14 @@ def source(tokenizer, sentence: str) -> torch.Tensor:
 def test_occlusion_shapes_one_row_per_target_token_and_a_column_per_group():
     model = tiny_model()
     src, tgt = random_sentence(0)
-    occlusion = occlude(model, src, tgt)
+    occlusion = occlude(model, src, tgt, need_weights=True)
     t, s = len(tgt), src.shape[1]
     assert occlusion.influence.shape == (t, s)  # the EOS step is the last row
     assert occlusion.probs.shape == occlusion.log_probs.shape == (t,)
     assert occlusion.masked_probs.shape == occlusion.masked_log_probs.shape == (s, t)
     assert [tuple(w.shape) for w in occlusion.attention] == [(4, t, s)] * 2  # (H, T, S) per layer
-    assert occlusion.passes == 2  # the unmasked pass, and one for every occlusion
+    assert occlusion.passes == 2  # the unmasked row with every occlusion, and the weights alone
+    assert occlude(model, src, tgt).attention == []  # no weights asked for: one pass
     grouped = occlude(model, src, tgt, [[0, 1], [2], [3, 4, 5], [6]])
     assert grouped.influence.shape == (t, 4)
     alone = occlude(model, src, tgt, [])  # the unmasked pass alone
@@ -98,9 +99,30 @@ def test_batched_occlusion_is_one_pass_per_position():
     expected = per_position(model, src, tgt)
     torch.testing.assert_close(occlude(model, src, tgt).influence, expected, atol=1e-5, rtol=0)
     # A small logit budget splits the occlusions into several passes: the same numbers.
-    few = occlude(model, src, tgt, max_logits=2 * len(tgt) * V)  # 2 occlusions a pass
-    assert few.passes == 1 + 4  # S = 7
+    few = occlude(model, src, tgt, max_logits=2 * len(tgt) * V)  # 2 rows a pass
+    assert few.passes == 4  # S = 7 occlusions and the unmasked row
     torch.testing.assert_close(few.influence, expected, atol=1e-5, rtol=0)
+
+
+def test_the_unmasked_row_is_scored_in_the_occlusions_batch(monkeypatch):
+    """Every decoder pass of the scores has one batch size, the unmasked row inside the
+    first: a kernel that rounds by batch shape moves the two alike."""
+    model = tiny_model()
+    src, tgt = random_sentence(7)
+    passes = []
+    decode = model.decode
+
+    def spy(tgt_in, memory, allowed, **kwargs):
+        passes.append(allowed.clone())  # (B, 1, 1, S)
+        return decode(tgt_in, memory, allowed, **kwargs)
+
+    monkeypatch.setattr(model, "decode", spy)
+    for budget, sizes in ((None, [8]), (3 * len(tgt) * V, [3, 3, 3])):  # S + 1 = 8 rows
+        passes.clear()
+        occlude(model, src, tgt, max_logits=budget)
+        assert [p.shape[0] for p in passes] == sizes
+        assert passes[0][0].all()  # row 0: nothing hidden
+        assert (~passes[0][1:]).sum() == len(passes[0]) - 1  # then one position hidden a row
 
 
 def test_hiding_a_position_no_layer_reads_changes_nothing():
@@ -279,7 +301,7 @@ def test_timing_script_runs_and_writes_its_numbers(tmp_path_factory, tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text(encoding="utf-8"))
-    assert results["words"] == 20 and results["passes"] >= 2
+    assert results["words"] == 20 and results["passes"] >= 1
     assert results["unmasked_pass_s"] > 0 and results["extra_share"] < 1
     assert "occlusions" in done.stdout
     page = results["page"]  # the page grows by influence, then by the interventions
