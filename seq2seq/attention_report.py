@@ -42,7 +42,7 @@ from seq2seq import explorer, plotting, words
 from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
-from seq2seq.influence import INFLUENCE_NOTE, agreement, occlude
+from seq2seq.influence import TIE_NATS, agreement, influence_note, occlude
 from seq2seq.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model import padding_mask
 from seq2seq.precision import autocast
@@ -178,8 +178,9 @@ def sentence_records(
     word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
     caption. With ``influence``: influence (Tq, Tk) array, the occlusion map
     (``seq2seq.influence``; a target word's row sums its subwords', a source word is
-    hidden whole), most_attended (of the mean over layers and heads), most_influential and
-    agree, per row, and influence_note; else all None. interventions: one dict per spec
+    hidden whole), most_attended (of the mean over layers and heads), most_influential, tied
+    and agree (None where tied), per row (``seq2seq.influence.agreement``), and
+    influence_note; else all None. interventions: one dict per spec
     (``seq2seq.interventions.intervention_records``), source positions numbered as the
     record's columns.
     """
@@ -349,10 +350,14 @@ def _record(
         "step_weights": None,
         "caption": plotting.CAPTION,
         "influence": None if occlusion is None else occlusion.influence.cpu().numpy(),
-        "influence_note": None if occlusion is None else INFLUENCE_NOTE,
+        "influence_note": None
+        if occlusion is None
+        else influence_note("this output" if reference is None else "the given reference"),
         "most_attended": None,
         "most_influential": None,
+        "tied": None,
         "agree": None,
+        "tie_nats": None,
         "interventions": changes,
     }
 
@@ -427,7 +432,8 @@ def _with_agreement(record: dict) -> dict:
     and heads) and its most influential one, and whether they agree (``agreement``)."""
     if record["influence"] is None:
         return record
-    return {**record, **agreement(record["weights"].mean(axis=(0, 1)), record["influence"])}
+    mean = record["weights"].mean(axis=(0, 1))  # (Tq, Tk)
+    return {**record, **agreement(mean, record["influence"]), "tie_nats": TIE_NATS}
 
 
 def json_record(record: dict) -> dict:
@@ -497,7 +503,9 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
             lines.append(
                 f"{where}  length {c['length']}, stop reason {c['stop_reason']}; without it "
                 f"{c['original_length']}, {c['original_stop_reason']}; "
-                f"{sum(c['changed'])} of {len(c['words'])} words changed ([marked])"
+                f"{sum(c['changed'])} of {len(c['words'])} words changed ([marked]), "
+                f"{sum(c['removed'])} of {len(c['original_words'])} of the original's changed "
+                "or removed"
             )
     if len(records) == 1:
         lines.append(format_table(records[0], selected_maps(records[0], layer, head)))
@@ -522,34 +530,58 @@ def format_table(record: dict, maps: list[dict]) -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
     block per map, one line per target position. With the record's influence, also the
     source token the map's row attends to most, the one whose occlusion lowers the row's
-    token most, and whether they are the same position (the mean line: how often)."""
+    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.TIE_NATS``), and whether
+    they are the same position ("tie" where tied; the mean line: how often, of the rows
+    that are not)."""
     tokens, src = record["tgt_tokens"], record["src_tokens"]
-    influential = record.get("most_influential")
+    tied = record.get("tied")
+    influential = [] if tied is None else [_tied_tokens(src, t) for t in tied]
     width = max(6, *(len(t) for t in tokens))
     src_width = max((len(t) for t in src), default=0)
-    a_width, i_width = max(len("attended"), src_width), max(len("influential"), src_width)
+    a_width = max(len("attended"), src_width)
+    i_width = max(len("influential"), src_width, *(len(t) for t in influential))
     lines = []
     for m in maps:
         lines.append(f"layer {m['layer']}, head {m['head']}")
         header = f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}"
-        if influential is not None:
+        if tied is not None:
             header += f"  {'attended':<{a_width}}  {'influential':<{i_width}}  same"
         lines.append(header)
         rows = zip(m["row_entropy"], m["eos_mass"], m["punct_mass"], strict=True)
+        same = [] if tied is None else _same(m["attended"], tied)
         for i, (entropy, eos, punct) in enumerate(rows):
             line = f"  {i:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
-            if influential is not None:
-                a, b = m["attended"][i], influential[i]
-                same = "yes" if a == b else "no"
-                line += f"  {src[a]:<{a_width}}  {src[b]:<{i_width}}  {same}"
+            if tied is not None:
+                a = src[m["attended"][i]]
+                line += f"  {a:<{a_width}}  {influential[i]:<{i_width}}  {same[i]}"
             lines.append(line)
         mean = (m["mean_entropy"], m["mean_eos_mass"], m["mean_punct_mass"])
         line = f"  {'':>3}  {'mean':<{width}}  {mean[0]:5.2f}  {mean[1]:5.2f}  {mean[2]:5.2f}"
-        if influential is not None:
-            agree = sum(a == b for a, b in zip(m["attended"], influential, strict=True))
-            line += f"  {'':<{a_width}}  {'':<{i_width}}  {agree}/{len(influential)}"
+        if tied is not None:
+            decisive = len(same) - same.count("tie")
+            line += f"  {'':<{a_width}}  {'':<{i_width}}  {same.count('yes')}/{decisive}"
         lines.append(line)
+    if tied is not None:
+        lines.append(
+            f"same: of the {decisive} rows whose most influential token leads the next by "
+            f"{TIE_NATS} nats or more (bf16 and fp32 move a drop by up to that much); "
+            f"{same.count('tie')} rows are ties"
+        )
     return "\n".join(lines)
+
+
+def _tied_tokens(src: list[str], tied: list[int]) -> str:
+    """A row's most influential token, or those tied with it: "a=b=c", or "a 5-way tie"."""
+    return "=".join(src[j] for j in tied) if len(tied) <= 3 else f"a {len(tied)}-way tie"
+
+
+def _same(attended: list[int], tied: list[list[int]]) -> list[str]:
+    """Per row, "yes" or "no": the attended column is the most influential one; "tie" where
+    several are (``seq2seq.influence.agreement``)."""
+    return [
+        "tie" if len(t) > 1 else "yes" if a == t[0] else "no"
+        for a, t in zip(attended, tied, strict=True)
+    ]
 
 
 def page_title(records: list[dict]) -> str:

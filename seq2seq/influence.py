@@ -32,12 +32,24 @@ from seq2seq.vocab import BOS_ID
 # Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
 # subwords with a vocabulary of 16,000 fit in one pass; longer sentences take a few.
 MAX_LOGITS = 2**25
-INFLUENCE_NOTE = (
-    "Influence by occlusion: the drop in each output token's log-probability (nats, "
-    "teacher-forced on this output) when a source position is hidden from cross-attention "
-    "in every layer. One measure of influence: a hidden position is an input the model "
-    "never saw in training, and other positions can stand in for it."
-)
+# Two drops closer than this are a tie: which is larger is decided by rounding. Measured on
+# the tour's model (docs/tour.yaml) over the 40 sentences of data/sample/train.de: bf16
+# autocast moves a cell from fp32 by up to 0.078 nats (median per sentence 0.033; the
+# default recipe's model: 0.03-0.09), a row's top-two gap by up to 0.104, and the top pick
+# flips in 7 of 648 rows (`python experiments/influence_precision.py --run runs/tour`).
+TIE_NATS = 0.11
+
+
+def influence_note(scored: str = "this output") -> str:
+    """What the explorer says of its influence map; ``scored``: what was teacher-forced
+    (the output the search produced, or a given reference)."""
+    return (
+        "Influence by occlusion: the drop in each output token's log-probability (nats, signed, "
+        f"teacher-forced on {scored}) when a source position is hidden from cross-attention "
+        "in every layer. One measure of influence: a hidden position is an input the model "
+        "never saw in training, and other positions can stand in for it. Drops within "
+        f"{TIE_NATS} nats of a row's largest are a tie (bf16 and fp32 differ by up to that much)."
+    )
 
 
 @dataclass
@@ -140,17 +152,34 @@ def _target_probs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     )
 
 
-def agreement(attention: np.ndarray | Tensor, influence: np.ndarray | Tensor) -> dict[str, list]:
-    """Per target row: the most-attended source column of ``attention`` (e.g. the mean over
-    layers and heads), the most influential one (the largest drop), and whether they are
-    the same; lists, for JSON.
+def tied_columns(influence: np.ndarray | Tensor, tie: float = TIE_NATS) -> list[list[int]]:
+    """Per target row, the source columns whose drop is within ``tie`` nats of the row's
+    largest, in column order: one column where the row's most influential is decided, more
+    where it is a tie. Shapes: influence (T, S) -> T lists"""
+    drops = np.asarray(influence, dtype=np.float64)
+    near = drops >= drops.max(-1, keepdims=True) - tie  # (T, S)
+    return [np.flatnonzero(row).tolist() for row in near]
 
-    Shapes: attention, influence (T, S) -> three lists of T
+
+def agreement(
+    attention: np.ndarray | Tensor, influence: np.ndarray | Tensor, tie: float = TIE_NATS
+) -> dict[str, list]:
+    """Per target row: the most-attended source column of ``attention`` (e.g. the mean over
+    layers and heads), the most influential one (the largest drop), the columns tied with it
+    (``tied_columns``), and whether the first two are the same: None where the row is a tie,
+    which rounding decides; lists, for JSON.
+
+    Shapes: attention, influence (T, S) -> four lists of T
     """
     attended = np.asarray(attention).argmax(-1).tolist()
     influential = np.asarray(influence).argmax(-1).tolist()
+    tied = tied_columns(influence, tie)
     return {
         "most_attended": attended,
         "most_influential": influential,
-        "agree": [a == b for a, b in zip(attended, influential, strict=True)],
+        "tied": tied,
+        "agree": [
+            a == b if len(t) == 1 else None
+            for a, b, t in zip(attended, influential, tied, strict=True)
+        ],
     }

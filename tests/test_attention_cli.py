@@ -14,12 +14,13 @@ from seq2seq.attention_report import (
     MAX_PAGE_SENTENCES,
     TEACHER_FORCED,
     attention_report,
+    format_summary,
     selected_maps,
 )
 from seq2seq.checkpoint import load_run
 from seq2seq.cli import main
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
-from seq2seq.influence import INFLUENCE_NOTE, occlude
+from seq2seq.influence import TIE_NATS, influence_note, occlude, tied_columns
 from seq2seq.plotting import CAPTION, figure_size
 from seq2seq.search import beam_search, greedy_search, max_output_length
 from seq2seq.train import train
@@ -141,6 +142,18 @@ def test_reference_is_teacher_forced(run_dir, tmp_path):
     assert record["decoding"] == TEACHER_FORCED
     assert record["teacher_forced"] is True and record["max_len"] is None
     assert record["translation"] == tokenizer.normalize(REFERENCE, "tgt")
+    assert "teacher-forced on the given reference" in record["influence_note"]
+    assert "this output" not in record["influence_note"]
+
+
+def test_influence_and_the_pages_interventions_can_be_skipped(run_dir, tmp_path):
+    record = run_json(run_dir, tmp_path, "--no-influence")
+    assert record["influence"] is None and record["agree"] is None
+    report = attention_report(run_dir, SENTENCE, fmt="html", out=tmp_path / "a.html",
+                              influence=False, with_page_interventions=False)  # fmt: skip
+    assert report["records"][0]["interventions"] == []
+    assert main(["attention", str(run_dir), SENTENCE, "--no-interventions", "--intervene",
+                 "kept", "-o", str(tmp_path / "b.html")]) == 0  # fmt: skip
 
 
 def test_html_page(run_dir, tmp_path):
@@ -304,7 +317,7 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     stdout = capsys.readouterr().out
     n_tq, n_tk = len(record["tgt_tokens"]), len(record["src_tokens"])
     influence = np.array(record["influence"])
-    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == INFLUENCE_NOTE
+    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == influence_note()
     model, src = source(run_dir)
     tgt_ids = model_search(run_dir, 1).tokens + [EOS_ID] * (record["stop_reason"] == "eos")
     expected = occlude(model, src, tgt_ids).influence.numpy()
@@ -312,13 +325,22 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     mean = np.array(record["weights"]).mean(axis=(0, 1))  # (Tq, Tk)
     assert record["most_attended"] == mean.argmax(-1).tolist()
     assert record["most_influential"] == expected.argmax(-1).tolist()
-    agree = np.array(record["most_attended"]) == np.array(record["most_influential"])
-    assert record["agree"] == agree.tolist()
-    # The table: each map's most-attended source token beside the most influential one.
-    assert "  attended  " in stdout and "  influential  same\n" in stdout
+    tied = tied_columns(expected)
+    assert record["tied"] == tied and record["tie_nats"] == TIE_NATS
+    pairs = zip(record["most_attended"], record["most_influential"], tied, strict=True)
+    assert record["agree"] == [a == b if len(t) == 1 else None for a, b, t in pairs]
+    # The table: each map's most-attended source token beside the most influential one, or
+    # "tie"; the mean line counts agreement over the rows that are not ties.
+    assert "  attended  " in stdout and "  influential" in stdout
     first = f"  {0:>3}  {record['tgt_tokens'][0]}"
     row = next(line for line in stdout.splitlines() if line.startswith(first))
-    assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
+    if len(tied[0]) == 1:
+        assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
+    else:
+        assert row.split()[-1] == "tie"
+    decisive = sum(len(t) == 1 for t in tied)
+    assert f"same: of the {decisive} rows whose most influential token leads" in stdout
+    assert f"/{decisive}\n" in stdout
 
 
 def test_words_influence_hides_whole_source_words(run_dir, tmp_path):
@@ -348,3 +370,15 @@ def test_interventions_decode_again_beside_the_original(run_dir, tmp_path, capsy
     assert mask["masked"] == 1 and mask["masked_token"] == record["src_tokens"][0]
     assert "intervention kept (greedy): " in stdout
     assert f"0 of {len(kept['words'])} words changed" in stdout
+
+
+def test_the_summary_counts_the_words_an_intervention_removed():
+    """A truncated output changes none of its own words: what it lost is counted too."""
+    cut = {"spec": "mask:1", "words": ["A", "dog"], "changed": [False, False], "length": 2,
+           "original_words": ["A", "dog", "runs", "."], "removed": [False, False, True, True],
+           "stop_reason": "max_len", "original_length": 4, "original_stop_reason": "eos"}  # fmt: skip
+    record = {"translation": "A dog runs.", "max_len": 9, "decoding": "greedy search",
+              "stop_reason": "eos", "stop_step": 5, "interventions": [cut]}  # fmt: skip
+    report = {"records": [record, record], "interventions": ["mask:1"], "path": "x.json"}
+    summary = format_summary(report)
+    assert "0 of 2 words changed ([marked]), 2 of 4 of the original's changed or removed" in summary

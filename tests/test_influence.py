@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from browser import explorer_run_dir
 from helpers import V, tiny_model, tiny_run_dir
 
 from seq2seq.attention import MultiHeadAttention
@@ -18,7 +19,7 @@ from seq2seq.batching import collate
 from seq2seq.checkpoint import load_run
 from seq2seq.config import DecodeConfig
 from seq2seq.errors import Seq2SeqError
-from seq2seq.influence import agreement, occlude
+from seq2seq.influence import TIE_NATS, agreement, occlude, tied_columns
 from seq2seq.interventions import (
     changed_tokens,
     hidden_source,
@@ -147,14 +148,37 @@ def test_a_group_may_not_hide_the_whole_source():
         occlude(tiny_model(), src, tgt, [[0, 1, 2]])
 
 
-def test_agreement_compares_the_row_argmaxes():
-    attention = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8]])
-    influence = np.array([[2.0, 0.1, -1.0], [0.5, -0.2, 0.1]])
+def test_agreement_compares_the_row_argmaxes_and_calls_a_near_tie_a_tie():
+    attention = np.array([[0.7, 0.2, 0.1], [0.1, 0.1, 0.8], [0.6, 0.3, 0.1]])
+    near = TIE_NATS / 2
+    influence = np.array([[2.0, 0.1, -1.0], [0.5, -0.2, 0.1], [1.0, 1.0 + near, 0.2]])
     assert agreement(attention, influence) == {
-        "most_attended": [0, 2],
-        "most_influential": [0, 0],
-        "agree": [True, False],
+        "most_attended": [0, 2, 0],
+        "most_influential": [0, 0, 1],
+        "tied": [[0], [0], [0, 1]],
+        "agree": [True, False, None],  # row 2: which drop is larger, rounding decides
     }
+    assert agreement(attention, influence, tie=near / 2)["agree"] == [True, False, False]
+
+
+def test_bf16_influence_picks_the_fp32_columns_in_every_row_that_is_not_a_tie(tmp_path_factory):
+    """TIE_NATS is the spread bf16 puts on influence: under bf16 autocast, a row decided in
+    fp32 names the same most influential column, and no drop moves by the threshold."""
+    _, tokenizer, model = load_run(explorer_run_dir(tmp_path_factory))  # trained 300 steps
+    rows = 0
+    for sentence in SENTENCES:
+        src = source(tokenizer, sentence)
+        hyp = greedy_search(model, src)[0]
+        tgt = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+        fp32 = occlude(model, src, tgt).influence
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bf16 = occlude(model, src, tgt).influence
+        assert bf16.dtype == torch.float32 and (bf16 - fp32).abs().max() < TIE_NATS
+        decided = [len(t) == 1 for t in tied_columns(fp32)]
+        rows += sum(decided)
+        picks = bf16.argmax(-1) == fp32.argmax(-1)
+        assert picks[torch.tensor(decided)].all(), sentence
+    assert rows >= len(SENTENCES)  # not every row a tie
 
 
 def test_hidden_source_decodes_as_occlusion_scores():
