@@ -15,11 +15,17 @@ from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainC
 from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
 from seq2seq.drawing.plotting import CAPTION, figure_size
 from seq2seq.drawing.words import WORDS_NOTE
-from seq2seq.inspect.influence import INFLUENCE_NOTE, occlude
+from seq2seq.inspect.influence import (
+    TIE_NATS,
+    influence_note,
+    occlude,
+    tied_columns,
+)
 from seq2seq.inspect.report import (
     MAX_PAGE_SENTENCES,
     TEACHER_FORCED,
     attention_report,
+    format_summary,
     selected_maps,
 )
 from seq2seq.run.checkpoint import load_run
@@ -141,6 +147,18 @@ def test_reference_is_teacher_forced(run_dir, tmp_path):
     assert record["decoding"] == TEACHER_FORCED
     assert record["teacher_forced"] is True and record["max_len"] is None
     assert record["translation"] == tokenizer.normalize(REFERENCE, "tgt")
+    assert "teacher-forced on the given reference" in record["influence_note"]
+    assert "this output" not in record["influence_note"]
+
+
+def test_influence_and_the_pages_interventions_can_be_skipped(run_dir, tmp_path):
+    record = run_json(run_dir, tmp_path, "--no-influence")
+    assert record["influence"] is None and record["agree"] is None
+    report = attention_report(run_dir, SENTENCE, fmt="html", out=tmp_path / "a.html",
+                              influence=False, with_page_interventions=False)  # fmt: skip
+    assert report["records"][0]["interventions"] == []
+    assert main(["attention", str(run_dir), SENTENCE, "--no-interventions", "--intervene",
+                 "kept", "-o", str(tmp_path / "b.html")]) == 0  # fmt: skip
 
 
 def test_html_page(run_dir, tmp_path):
@@ -158,7 +176,8 @@ def inputs(tmp_path_factory):
     """Input files for the bad-input cases, outside the folder those check stays empty."""
     folder = tmp_path_factory.mktemp("inputs")
     files = {"IN": [SENTENCE, "Zwei Hunde."], "ONE": [REFERENCE], "GAP": [SENTENCE, "", "x"],
-             "MANY": ["x"] * (MAX_PAGE_SENTENCES + 1)}  # fmt: skip
+             "MANY": ["x"] * (MAX_PAGE_SENTENCES + 1),
+             "DROPPED": [SENTENCE, "\x01\x7f"]}  # fmt: skip
     for name, lines in files.items():
         (folder / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return {name: folder / name for name in files}
@@ -181,6 +200,9 @@ def inputs(tmp_path_factory):
         (["RUN", "-i", "IN", "--reference", "x", "-o", "a.html"], "--reference goes with SENTENCE"),
         (["RUN", SENTENCE, "--reference-file", "ONE"], "--reference-file goes with -i FILE"),
         (["RUN", "-i", "GAP", "-o", "a.json"], "line 2 is empty"),
+        (["RUN", "\u200b"], "the sentence has no subwords: the tokenizer drops each of its"),
+        (["RUN", "\ufeff", "--no-influence"], "the sentence has no subwords"),
+        (["RUN", "-i", "DROPPED", "-o", "a.json"], "sentence 2 has no subwords"),
         (["RUN", "-i", "IN", "--reference-file", "ONE", "-o", "a.json"], "1 references for 2"),
         (["RUN", "-i", "/no/such/file", "-o", "a.json"], "-i /no/such/file: No such file"),
         (["RUN", "-i", "MANY", "-o", "a.html"], f"at most {MAX_PAGE_SENTENCES}"),
@@ -188,6 +210,8 @@ def inputs(tmp_path_factory):
         (["RUN", SENTENCE, "--intervene", "uniform:3"], "the decoder has layers 1..2"),
         (["RUN", SENTENCE, "--intervene", "mask"], "name the source position to hide"),
         (["RUN", SENTENCE, "--intervene", "mask:99"], "--intervene mask:99: the source has"),
+        (["RUN", SENTENCE, "--intervene", "mask:\u00b2"], "name the source position to hide"),
+        (["RUN", SENTENCE, "--intervene", "uniform:\u00b2"], "the decoder has layers 1..2"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -298,7 +322,7 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     stdout = capsys.readouterr().out
     n_tq, n_tk = len(record["tgt_tokens"]), len(record["src_tokens"])
     influence = np.array(record["influence"])
-    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == INFLUENCE_NOTE
+    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == influence_note()
     model, src = source(run_dir)
     tgt_ids = model_search(run_dir, 1).tokens + [EOS_ID] * (record["stop_reason"] == "eos")
     expected = occlude(model, src, tgt_ids).influence.numpy()
@@ -306,13 +330,22 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     mean = np.array(record["weights"]).mean(axis=(0, 1))  # (Tq, Tk)
     assert record["most_attended"] == mean.argmax(-1).tolist()
     assert record["most_influential"] == expected.argmax(-1).tolist()
-    agree = np.array(record["most_attended"]) == np.array(record["most_influential"])
-    assert record["agree"] == agree.tolist()
-    # The table: each map's most-attended source token beside the most influential one.
-    assert "  attended  " in stdout and "  influential  same\n" in stdout
+    tied = tied_columns(expected)
+    assert record["tied"] == tied and record["tie_nats"] == TIE_NATS
+    pairs = zip(record["most_attended"], record["most_influential"], tied, strict=True)
+    assert record["agree"] == [a == b if len(t) == 1 else None for a, b, t in pairs]
+    # The table: each map's most-attended source token beside the most influential one, or
+    # "tie"; the mean line counts agreement over the rows that are not ties.
+    assert "  attended  " in stdout and "  influential" in stdout
     first = f"  {0:>3}  {record['tgt_tokens'][0]}"
     row = next(line for line in stdout.splitlines() if line.startswith(first))
-    assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
+    if len(tied[0]) == 1:
+        assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
+    else:
+        assert row.split()[-1] == "tie"
+    decisive = sum(len(t) == 1 for t in tied)
+    assert f"same: of the {decisive} rows whose most influential token leads" in stdout
+    assert f"/{decisive}\n" in stdout
 
 
 def test_words_influence_hides_whole_source_words(run_dir, tmp_path):
@@ -342,3 +375,15 @@ def test_interventions_decode_again_beside_the_original(run_dir, tmp_path, capsy
     assert mask["masked"] == 1 and mask["masked_token"] == record["src_tokens"][0]
     assert "intervention kept (greedy): " in stdout
     assert f"0 of {len(kept['words'])} words changed" in stdout
+
+
+def test_the_summary_counts_the_words_an_intervention_removed():
+    """A truncated output changes none of its own words: what it lost is counted too."""
+    cut = {"spec": "mask:1", "words": ["A", "dog"], "changed": [False, False], "length": 2,
+           "original_words": ["A", "dog", "runs", "."], "removed": [False, False, True, True],
+           "stop_reason": "max_len", "original_length": 4, "original_stop_reason": "eos"}  # fmt: skip
+    record = {"translation": "A dog runs.", "max_len": 9, "decoding": "greedy search",
+              "stop_reason": "eos", "stop_step": 5, "interventions": [cut]}  # fmt: skip
+    report = {"records": [record, record], "interventions": ["mask:1"], "path": "x.json"}
+    summary = format_summary(report)
+    assert "0 of 2 words changed ([marked]), 2 of 4 of the original's changed or removed" in summary

@@ -145,18 +145,21 @@ def test_bleu_tokenizer_follows_the_target_language():
 def test_target_language_tokenizer_and_empty_pairs_in_the_report(run_dir, tmp_path):
     corpus = tmp_path / "de-zh"
     corpus.mkdir()
-    de = ["Ein Hund läuft.", "", "Zwei Kinder spielen.", "Eine Frau liest.", "Hund"]
-    zh = ["一只狗在跑。", "空的", "两个孩子在玩。", "", "狗"]
+    de = ["Ein Hund läuft.", "", "Zwei Kinder spielen.", "Eine Frau liest.", "Hund", "\u200b"]
+    zh = ["一只狗在跑。", "空的", "两个孩子在玩。", "", "狗", "狗"]
     for split in ("train", "test"):
         (corpus / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
         (corpus / f"{split}.zh").write_text("\n".join(zh) + "\n", encoding="utf-8")
     hyp_file = tmp_path / "hyps.txt"
     report = evaluate_split(run_dir, str(corpus), src="de", tgt="zh", hyp_file=hyp_file)
-    assert report["sentences"] == 3 and report["empty_pairs_dropped"] == 2
+    assert report["sentences"] == 4 and report["empty_pairs_dropped"] == 2
+    # A source of no subwords (U+200B) is scored, with an empty hypothesis that says so.
+    assert hyp_file.read_text(encoding="utf-8").split("\n")[3] == ""
+    assert report["stop_reasons"]["empty"] == 0.25 and "empty 25.0%" in format_report(report)
     assert "tok:zh" in report["bleu_signature"] and "tok:zh" in report["bleu_lowercase_signature"]
     saved = json.loads((tmp_path / "hyps.json").read_text(encoding="utf-8"))
     assert saved["empty_pairs_dropped"] == 2
-    assert "3 sentences (2 empty pairs dropped)" in format_report(report)
+    assert "4 sentences (2 empty pairs dropped)" in format_report(report)
 
     chosen = evaluate_split(
         run_dir, str(corpus), src="de", tgt="zh", hyp_file=hyp_file, tokenize="char"

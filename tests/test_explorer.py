@@ -15,8 +15,8 @@ from seq2seq.commands.cli import main
 from seq2seq.drawing.plotting import CAPTION
 from seq2seq.drawing.words import WORDS_NOTE
 from seq2seq.inspect.explorer import render_page
-from seq2seq.inspect.influence import INFLUENCE_NOTE
-from seq2seq.inspect.report import page_interventions
+from seq2seq.inspect.influence import influence_note
+from seq2seq.inspect.report import _tied_tokens, page_interventions
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
@@ -280,7 +280,7 @@ def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
     assert "map=influence" in page.url  # a view that can be linked
     assert page.inner_text("#map-title").startswith("influence by occlusion, every layer at once")
     assert "largest drop in log-probability" in page.inner_text("#legend-text")
-    assert INFLUENCE_NOTE in page.inner_text("#map-measures")  # what it measures, and not
+    assert influence_note() in page.inner_text("#map-measures")  # what it measures, and not
 
     record = records[0]
     drops = np.array(record["influence"])  # (Tq, Tk)
@@ -292,12 +292,13 @@ def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
         ".map(td => td.textContent))",
     )  # fmt: skip
     src = record["src_tokens"]
+    shown = {True: "yes", False: "no", None: "tie"}
     assert rows == [
-        [src[a], src[b], "yes" if same else "no"]
-        for a, b, same in zip(
-            record["most_attended"], record["most_influential"], record["agree"], strict=True
+        [src[a], _tied_tokens(src, tied), shown[same]]
+        for a, tied, same in zip(
+            record["most_attended"], record["tied"], record["agree"], strict=True
         )
-    ]
+    ]  # a tie: the tied tokens, as the command's table shows them
     page.dispatch_event("#heatmap td.w >> nth=0", "mousemove")
     assert "drop (nats)" in page.inner_text("#tooltip")
 
@@ -312,12 +313,16 @@ def test_step_through_shows_whether_each_row_agrees(report, browser):
     src, row = record["src_tokens"], 3
     text = page.inner_text("#step-agreement")
     assert f"mean of every layer and head): {src[record['most_attended'][row]]};" in text
-    assert f"most influential (occlusion): {src[record['most_influential'][row]]}" in text
-    assert ("the same position" in text) == record["agree"][row]
+    if record["agree"][row] is None:
+        assert "a tie: drops within" in text
+    else:
+        assert f"most influential (occlusion): {src[record['most_influential'][row]]}" in text
+        assert ("the same position" in text) == record["agree"][row]
     same = page.eval_on_selector_all(
         "#step-map tbody tr", "trs => trs.map(tr => tr.lastElementChild.textContent)"
     )
-    assert same == ["yes" if a else "no" for a in record["agree"]]
+    assert same == [{True: "yes", False: "no", None: "tie"}[a] for a in record["agree"]]
+    assert "tie" in same  # the tour's model has near-ties: the page shows them as such
 
 
 def test_the_written_page_holds_its_interventions_and_says_which(run_dir, browser, tmp_path):
@@ -344,9 +349,10 @@ def test_the_written_page_holds_its_interventions_and_says_which(run_dir, browse
     c = data["records"][0]["interventions"][held.index("permuted:2")]
     assert page.inner_text("#result-words") == " ".join(c["words"])
     assert page.inner_text("#original-words") == " ".join(c["original_words"])
-    assert f"({c['length']} subwords, stop reason {c['stop_reason']})" in page.inner_text(
-        "#result-info"
-    )
+    info = page.inner_text("#result-info")
+    assert f"({c['length']} subwords, stop reason {c['stop_reason']})" in info
+    removed = f"{sum(c['removed'])} of {len(c['original_words'])} of the original's changed"
+    assert f"{sum(c['changed'])} of {len(c['words'])} words changed, {removed}" in info
     page.select_option("#kind-select", "kept")
     assert "Not on this page: kept:2" in page.inner_text("#intervention-status")
     page.click("#mask-words button >> nth=2")  # a word: hiding it is not held either

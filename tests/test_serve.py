@@ -224,6 +224,8 @@ def error_shown(page: str) -> str:
         ("text=x&beam=²".encode(), 400, "beam must be a whole number"),  # "²".isdigit()
         (b"text=x&max_len=%C2%B2", 400, "max_len must be a whole number"),
         ("text=" + "x\n" * 11, 400, "at most 10 at a time"),
+        (b"text=%E2%80%8B&influence=1", 400, "the sentence has no subwords"),  # U+200B
+        (b"text=Ein+Hund%0A%EF%BB%BF&influence=1", 400, "sentence 2 has no subwords"),  # U+FEFF
     ],
 )
 def test_bad_requests_get_a_message_and_the_server_lives_on(server, body, status, message):
@@ -518,9 +520,12 @@ def test_an_intervention_beyond_the_caps_or_malformed_is_refused_and_it_keeps_se
             ("text=Ein+Hund&spec=uniform:9", f"the decoder has layers 1..{n_layers}"),
             ("text=Ein+Hund&spec=mask:99", "the source has"),
             ("text=Ein+Hund&spec=flat", "unknown kind 'flat'"),
+            ("text=Ein+Hund&spec=mask:%C2%B2", "name the source position"),  # "²" isdigit()
+            ("text=Ein+Hund&spec=uniform:%C2%B2", f"the decoder has layers 1..{n_layers}"),
             ("text=Ein+Hund&spec=", "name one intervention"),
             ("text=Ein+Hund&spec=" + "x" * 500, "name one intervention"),
             ("text=Ein+Hund%0AZwei+Hunde&spec=kept", "one sentence, got 2"),
+            ("text=%E2%80%8B&spec=mask:1", "the sentence has no subwords"),  # U+200B
             ("text=&spec=kept", "the text is empty"),
             ("text=" + "a" * (MAX_CHARS + 1) + "&spec=kept", f"at most {MAX_CHARS}"),
             ("text=Ein+Hund&spec=kept&max_len=999", "max_len must be a whole number"),

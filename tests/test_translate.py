@@ -34,6 +34,7 @@ SENTENCES = [
     "Zwei Kinder spielen im Sand.",
     "Eine Frau liest ein Buch im Park, während ein Mann neben ihr schläft.",
     "   ",
+    "\u200b\ufeff\x01\x7f",  # not blank, but every character is one the tokenizer drops
     "Hund",
     "Ein kleiner Junge mit einem roten Hut spielt Fußball.",
 ]
@@ -61,7 +62,7 @@ def test_order_kept_under_token_batching_with_empty_lines(translator):
     assert [h[0].tokens for h in batched] == [h[0].tokens for h in alone]
     assert texts(batched) == [h[0].text for h in alone]
     for line, hyps in zip(SENTENCES, batched, strict=True):
-        if not line.strip():
+        if not translator.tokenizer.encode(line, "src"):
             assert hyps[0].text == "" and hyps[0].stop_reason == "empty"
         else:
             assert hyps[0].stop_reason in ("eos", "max_len")
@@ -163,6 +164,10 @@ def test_cli_verbose_reports_what_the_decoder_saw(run_dir, capsys):
         shapes = re.findall(r"\[(\d+), (\d+)\]", report)
         assert len(shapes) == 1  # one decoder layer
         assert [(int(q), int(k)) for q, k in shapes] == [(n_out + eos, tk)]
+    assert main(["translate", str(run_dir), "--verbose", "\u200b"]) == 0
+    assert "line 1: no subwords (empty, or characters the tokenizer drops), not translated" in (
+        capsys.readouterr().err
+    )
 
 
 def test_cli_input_output_files_with_invalid_utf8(run_dir, translator, tmp_path, capsys):

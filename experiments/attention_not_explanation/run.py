@@ -209,7 +209,7 @@ def attention_vs_sensitivity(model: Seq2Seq, src_ids, out_ids) -> list[dict]:
     for src_list, out in zip(src_ids, out_ids, strict=True):
         src = collate([src_list], None).src  # (1, S)
         s, t = src.shape[1], len(out) + 1
-        occlusion = occlude(model, src, [*out, EOS_ID])
+        occlusion = occlude(model, src, [*out, EOS_ID], need_weights=True)
         att = torch.stack([w.mean(0) for w in occlusion.attention])  # (L, T, S)
         att = torch.cat([att, att.mean(0, keepdim=True)])  # (L + 1, T, S)
         effect = (occlusion.masked_probs - occlusion.probs).abs()  # (S, T)

@@ -10,7 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, whole_number
 
 DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
 
@@ -53,14 +53,16 @@ def add_columns(p: argparse.ArgumentParser) -> None:
 
 
 def _layer_arg(text: str) -> int | str:
-    if text == "all" or text.isdigit():
-        return text if text == "all" else int(text)
+    number = whole_number(text)
+    if text == "all" or number is not None:
+        return text if text == "all" else number
     raise argparse.ArgumentTypeError(f"expected a layer number (from 1) or 'all', got '{text}'")
 
 
 def _head_arg(text: str) -> int | str:
-    if text in ("mean", "all") or text.isdigit():
-        return int(text) if text.isdigit() else text
+    number = whole_number(text)
+    if text in ("mean", "all") or number is not None:
+        return text if number is None else number
     raise argparse.ArgumentTypeError(
         f"expected a head number (from 1), 'mean' or 'all', got '{text}'"
     )
@@ -147,6 +149,17 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "from every layer; repeatable (an HTML page holds uniform and permuted in each layer "
         "and in all besides)",
     )
+    p.add_argument(
+        "--no-influence",
+        action="store_true",
+        help="skip influence by occlusion (one more decoder pass per source subword, batched)",
+    )
+    p.add_argument(
+        "--no-interventions",
+        action="store_true",
+        help="an HTML page without the uniform and permuted interventions it holds by default "
+        "(2 (L + 1) greedy decodings per sentence); --intervene still adds those asked for",
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.set_defaults(run=_run_attention)
 
@@ -170,7 +183,9 @@ def _run_attention(args: argparse.Namespace) -> int:
             max_len=args.max_len,
             ban_eos=args.ban_eos,
             words=args.words,
+            influence=not args.no_influence,
             interventions=args.intervene,
+            with_page_interventions=not args.no_interventions,
             fmt=args.format,
             out=args.output,
             device=args.device,

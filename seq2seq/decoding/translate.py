@@ -9,8 +9,9 @@ its hypotheses as ``Translation`` objects (detokenized text plus what the search
 outputs in input order before it reads on, so memory does not grow with the input and a
 crash half-way leaves every finished chunk on disk. All of them take one ``DecodeConfig``.
 
-Bad input never stops a stream. An empty line gives an empty output line and is not fed
-to the model; a line over the model's source limit (``max_positions - 1`` subwords, room
+Bad input never stops a stream. An empty line, or one the tokenizer reads as no subwords
+(only characters it drops, such as U+200B or control characters), gives an empty output
+line and is not fed to the model (stop reason ``empty``, which ``evaluate`` counts); a line over the model's source limit (``max_positions - 1`` subwords, room
 for EOS) is cut there with a warning naming it; unseen characters become byte pieces (the
 tokenizer's byte fallback); invalid UTF-8 is decoded with U+FFFD replacement characters,
 with one warning for the first such line.
@@ -51,8 +52,8 @@ CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_
 class Translation:
     """One hypothesis for one input line, detokenized.
 
-    ``stop_reason`` is the search's ("eos" | "max_len"), or "empty" for an empty input
-    line, which is not translated (no tokens, score 0).
+    ``stop_reason`` is the search's ("eos" | "max_len"), or "empty" for an input line of
+    no subwords, which is not translated (no tokens, score 0).
     """
 
     text: str
@@ -301,7 +302,9 @@ def describe(hyp: Translation, line: int | str) -> str:
     The attention shapes are those of the weights the decoder returned: ``Tq`` counts its
     steps (the EOS step included), ``Tk`` the source subwords (EOS included)."""
     if hyp.stop_reason == "empty":
-        return f"line {line}: empty, not translated"
+        return (
+            f"line {line}: no subwords (empty, or characters the tokenizer drops), not translated"
+        )
     eos = " + EOS" if hyp.stop_reason == "eos" else ""
     cut = ", cut to the model's limit" if hyp.truncated else ""
     text = (

@@ -75,25 +75,30 @@ def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) ->
 
 def _influence_map(record: dict, digits: int = 4) -> dict | None:
     """The record's occlusion map as the page draws it, with per row the most-attended and
-    the most influential source column and whether they agree; None without one.
+    the most influential source column, the columns tied with it, and whether the two agree
+    (None where tied); None without one.
 
-    Shapes: influence (Tq, Tk) -> w (Tq, Tk), attended/influential/agree Tq each
+    Shapes: influence (Tq, Tk) -> w (Tq, Tk), attended/influential/tied/agree Tq each
     """
     if record.get("influence") is None:
         return None
     drops = np.asarray(record["influence"], dtype=np.float64)
     tq, tk = drops.shape
     agree = record["agree"]
+    decisive = [a for a in agree if a is not None]
     return {
         "w": np.round(drops, digits).tolist(),
         "vmax": max(float(drops.max()), 0.0),  # a rise (negative drop) draws as no drop
         "title": f"influence by occlusion, every layer at once \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
         "summary": f"largest drop {drops.max():.3f} nats \u00b7 the most-attended source "
         f"position (mean of every layer and head) is the most influential one in "
-        f"{sum(agree)} of {tq} rows",
+        f"{sum(decisive)} of {len(decisive)} rows; {tq - len(decisive)} rows tied (two drops "
+        f"within {record['tie_nats']} nats, which bf16 and fp32 can order either way)",
         "attended": record["most_attended"],
         "influential": record["most_influential"],
+        "tied": record["tied"],
         "agree": agree,
+        "tie_nats": record["tie_nats"],
         "note": record["influence_note"],
     }
 

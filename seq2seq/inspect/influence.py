@@ -32,12 +32,24 @@ from seq2seq.vocab import BOS_ID
 # Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
 # subwords with a vocabulary of 16,000 fit in one pass; longer sentences take a few.
 MAX_LOGITS = 2**25
-INFLUENCE_NOTE = (
-    "Influence by occlusion: the drop in each output token's log-probability (nats, "
-    "teacher-forced on this output) when a source position is hidden from cross-attention "
-    "in every layer. One measure of influence: a hidden position is an input the model "
-    "never saw in training, and other positions can stand in for it."
-)
+# Two drops closer than this are a tie: which is larger is decided by rounding. Measured on
+# the tour's model (docs/tour.yaml) over the 40 sentences of data/sample/train.de: bf16
+# autocast moves a cell from fp32 by up to 0.078 nats (median per sentence 0.033; the
+# default recipe's model: 0.03-0.09), a row's top-two gap by up to 0.104, and the top pick
+# flips in 7 of 648 rows (`python experiments/influence_precision.py --run runs/tour`).
+TIE_NATS = 0.11
+
+
+def influence_note(scored: str = "this output") -> str:
+    """What the explorer says of its influence map; ``scored``: what was teacher-forced
+    (the output the search produced, or a given reference)."""
+    return (
+        "Influence by occlusion: the drop in each output token's log-probability (nats, signed, "
+        f"teacher-forced on {scored}) when a source position is hidden from cross-attention "
+        "in every layer. One measure of influence: a hidden position is an input the model "
+        "never saw in training, and other positions can stand in for it. Drops within "
+        f"{TIE_NATS} nats of a row's largest are a tie (bf16 and fp32 differ by up to that much)."
+    )
 
 
 @dataclass
@@ -45,7 +57,7 @@ class Occlusion:
     """Each target token's probability with nothing hidden and with each group hidden.
 
     Shapes: probs, log_probs (T,); masked_probs, masked_log_probs (G, T); attention: the
-    unmasked pass' cross-attention, per layer (H, T, S)
+    unmasked cross-attention, per layer (H, T, S), where asked for
     """
 
     probs: Tensor
@@ -53,7 +65,7 @@ class Occlusion:
     masked_probs: Tensor
     masked_log_probs: Tensor
     attention: list[Tensor]
-    passes: int  # decoder passes it took, the unmasked one included
+    passes: int  # decoder passes it took
 
     @property
     def influence(self) -> Tensor:
@@ -69,15 +81,18 @@ def occlude(
     groups: Sequence[Sequence[int]] | None = None,
     *,
     max_logits: int | None = MAX_LOGITS,
+    need_weights: bool = False,
 ) -> Occlusion:
     """Teacher-force ``tgt_ids`` once as is and once per group of source positions hidden
-    from cross-attention in every layer, the ``G`` occlusions batched: one pass, or a few
-    of at most ``max_logits`` logits each (None: one).
+    from cross-attention in every layer, batched: the unmasked row and the ``G`` occlusions
+    in one pass, or in a few of the same batch size and at most ``max_logits`` logits each
+    (None: one), so that the drop compares rows the decoder computed alike.
 
     ``tgt_ids`` are the tokens scored, BOS excluded: an output that stopped at EOS ends
     with it. ``groups`` default to every position alone (``G = S``); a group may hold the
-    subwords of a word; none at all leaves the unmasked pass alone. The encoder sees the
-    whole source in every pass.
+    subwords of a word; none at all leaves the unmasked row alone. The encoder sees the
+    whole source in every pass. ``need_weights``: one more pass, alone, for the unmasked
+    cross-attention (``Occlusion.attention``; else an empty list).
 
     Shapes:
         src: (1, S); tgt_ids: T ids; groups: G lists of positions -> ``Occlusion``
@@ -90,36 +105,41 @@ def occlude(
         raise ValueError("Occlusion needs the model in eval mode (dropout off): call model.eval()")
     s, device = src.shape[1], src.device
     groups = [[j] for j in range(s)] if groups is None else groups
-    hidden = torch.zeros(len(groups), s, dtype=torch.bool)  # (G, S), filled on the host
-    for g, positions in enumerate(groups):
+    hidden = torch.zeros(1 + len(groups), s, dtype=torch.bool)  # (1 + G, S), filled on the host
+    for g, positions in enumerate(groups, start=1):  # row 0 hides nothing
         hidden[g, list(positions)] = True
     hidden = hidden.to(device)  # one copy, not one a group
     with torch.inference_mode():
         src_mask = padding_mask(src)  # (1, 1, 1, S)
-        allowed = src_mask & ~hidden[:, None, None, :]  # (G, 1, 1, S)
+        allowed = src_mask & ~hidden[:, None, None, :]  # (1 + G, 1, 1, S)
         check_rows(allowed)  # a group may not hide every real position
         memory = model.encode(src, src_mask)  # (1, S, D)
         tgt_in = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=device)  # (1, T)
         target = torch.tensor(list(tgt_ids), device=device)  # (T,)
-        logits, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
-        probs, log_probs = _target_probs(logits, target)  # (1, T)
-        n = len(groups)
+        rows = allowed.shape[0]
+        n = rows
         if max_logits is not None:
-            n = max(1, min(n, max_logits // logits[0].numel()))
-        masked = []
-        for part in allowed.split(n) if groups else ():  # (n, 1, 1, S)
+            n = max(1, min(n, max_logits // (len(tgt_ids) * model.config.tgt_vocab_size)))
+        # The last pass filled up with unmasked rows (dropped after), to the others' size.
+        filled = torch.cat([allowed, src_mask.expand(-rows % n, -1, -1, -1)])  # (n * passes, ...)
+        scored = []
+        for part in filled.split(n):  # (n, 1, 1, S)
             check_deadline()
-            b = part.shape[0]
-            part_logits, _ = model.decode(tgt_in.expand(b, -1), memory.expand(b, -1, -1), part)
-            masked.append(_target_probs(part_logits, target))  # (n, T) twice
-    none = probs[:0]  # (0, T): no group, no row
+            part_logits, _ = model.decode(tgt_in.expand(n, -1), memory.expand(n, -1, -1), part)
+            scored.append(_target_probs(part_logits, target))  # (n, T) twice
+        probs = torch.cat([p for p, _ in scored])[:rows]  # (1 + G, T)
+        log_probs = torch.cat([lp for _, lp in scored])[:rows]
+        attention = []
+        if need_weights:
+            _, weights = model.decode(tgt_in, memory, src_mask, need_weights=True)
+            attention = [w[0] for w in weights]
     return Occlusion(
         probs=probs[0],
         log_probs=log_probs[0],
-        masked_probs=torch.cat([none, *(p for p, _ in masked)]),
-        masked_log_probs=torch.cat([none, *(lp for _, lp in masked)]),
-        attention=[w[0] for w in weights],
-        passes=1 + len(masked),
+        masked_probs=probs[1:],
+        masked_log_probs=log_probs[1:],
+        attention=attention,
+        passes=len(scored) + need_weights,
     )
 
 
@@ -133,17 +153,34 @@ def _target_probs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     )
 
 
-def agreement(attention: np.ndarray | Tensor, influence: np.ndarray | Tensor) -> dict[str, list]:
-    """Per target row: the most-attended source column of ``attention`` (e.g. the mean over
-    layers and heads), the most influential one (the largest drop), and whether they are
-    the same; lists, for JSON.
+def tied_columns(influence: np.ndarray | Tensor, tie: float = TIE_NATS) -> list[list[int]]:
+    """Per target row, the source columns whose drop is within ``tie`` nats of the row's
+    largest, in column order: one column where the row's most influential is decided, more
+    where it is a tie. Shapes: influence (T, S) -> T lists"""
+    drops = np.asarray(influence, dtype=np.float64)
+    near = drops >= drops.max(-1, keepdims=True) - tie  # (T, S)
+    return [np.flatnonzero(row).tolist() for row in near]
 
-    Shapes: attention, influence (T, S) -> three lists of T
+
+def agreement(
+    attention: np.ndarray | Tensor, influence: np.ndarray | Tensor, tie: float = TIE_NATS
+) -> dict[str, list]:
+    """Per target row: the most-attended source column of ``attention`` (e.g. the mean over
+    layers and heads), the most influential one (the largest drop), the columns tied with it
+    (``tied_columns``), and whether the first two are the same: None where the row is a tie,
+    which rounding decides; lists, for JSON.
+
+    Shapes: attention, influence (T, S) -> four lists of T
     """
     attended = np.asarray(attention).argmax(-1).tolist()
     influential = np.asarray(influence).argmax(-1).tolist()
+    tied = tied_columns(influence, tie)
     return {
         "most_attended": attended,
         "most_influential": influential,
-        "agree": [a == b for a, b in zip(attended, influential, strict=True)],
+        "tied": tied,
+        "agree": [
+            a == b if len(t) == 1 else None
+            for a, b, t in zip(attended, influential, tied, strict=True)
+        ],
     }

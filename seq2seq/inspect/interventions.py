@@ -25,7 +25,7 @@ from seq2seq.config import DecodeConfig
 from seq2seq.decoding.search import Hypothesis, greedy_search
 from seq2seq.decoding.translate import Translator, one_line
 from seq2seq.drawing.words import words_of
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.model.attention import MultiHeadAttention, attend, check_rows
 from seq2seq.model.transformer import Seq2Seq
 
@@ -232,15 +232,16 @@ def parse_spec(text: str, n_layers: int) -> Spec:
     kind, _, where = text.partition(":")
     if kind not in KINDS:
         raise Seq2SeqError(f"--intervene {text}: unknown kind '{kind}' (use {', '.join(KINDS)})")
+    number = whole_number(where)
     if kind == "mask":
-        if not where.isdigit() or int(where) < 1:
+        if number is None or number < 1:
             raise Seq2SeqError(f"--intervene {text}: name the source position to hide: mask:N")
-        return Spec(text, kind, position=int(where))
+        return Spec(text, kind, position=number)
     if where in ("", "all"):
         return Spec(text, kind)
-    if not (where.isdigit() and 1 <= int(where) <= n_layers):
+    if number is None or not 1 <= number <= n_layers:
         raise Seq2SeqError(f"--intervene {text}: the decoder has layers 1..{n_layers} (or 'all')")
-    return Spec(text, kind, layer=int(where))
+    return Spec(text, kind, layer=number)
 
 
 def intervention_records(

@@ -45,7 +45,7 @@ from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.inspect import explorer
-from seq2seq.inspect.influence import INFLUENCE_NOTE, agreement, occlude
+from seq2seq.inspect.influence import TIE_NATS, agreement, influence_note, occlude
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model.transformer import padding_mask
 from seq2seq.run.precision import autocast
@@ -75,6 +75,7 @@ def attention_report(
     words: bool = False,
     influence: bool = True,
     interventions: Sequence[str] = (),
+    with_page_interventions: bool = True,
     fmt: str | None = None,
     out: str | Path | None = None,
     device: str = "auto",
@@ -91,7 +92,7 @@ def attention_report(
     per line. ``influence``: each record holds the occlusion map beside the attention
     (``seq2seq.inspect.influence``); ``interventions``: specs such as "uniform:2" or "mask:3"
     (``seq2seq.inspect.interventions.parse_spec``), each decoded again per sentence; an HTML page
-    holds ``page_interventions`` besides. Bad input raises ``Seq2SeqError`` with a one-line
+    holds ``page_interventions`` besides, unless not ``with_page_interventions``. Bad input raises ``Seq2SeqError`` with a one-line
     message, before any file is written.
 
     Returns a dict: path, format, title, records (see ``sentence_records``) and
@@ -112,7 +113,7 @@ def attention_report(
     model_config = translator.model.config
     layers, heads = _selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
     asked = list(interventions)
-    if fmt == "html":
+    if fmt == "html" and with_page_interventions:
         given = {parse_spec(text, model_config.n_dec_layers) for text in asked}
         page = page_interventions(model_config.n_dec_layers)
         interventions = [*asked, *(spec.text for spec in page if spec not in given)]
@@ -178,18 +179,13 @@ def sentence_records(
     word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
     caption. With ``influence``: influence (Tq, Tk) array, the occlusion map
     (``seq2seq.inspect.influence``; a target word's row sums its subwords', a source word is
-    hidden whole), most_attended (of the mean over layers and heads), most_influential and
-    agree, per row, and influence_note; else all None. interventions: one dict per spec
+    hidden whole), most_attended (of the mean over layers and heads), most_influential, tied
+    and agree (None where tied), per row (``seq2seq.inspect.influence.agreement``), and
+    influence_note; else all None. interventions: one dict per spec
     (``seq2seq.inspect.interventions.intervention_records``), source positions numbered as the
     record's columns.
     """
-    if not sentences:
-        raise Seq2SeqError("no sentences given")
-    for n, s in enumerate(sentences, start=1):
-        if not s.strip():
-            raise Seq2SeqError(
-                "the sentence is empty" if len(sentences) == 1 else f"sentence {n} is empty"
-            )
+    check_sentences(translator, sentences)
     if references is not None:
         if len(references) != len(sentences):
             raise Seq2SeqError(f"{len(references)} references for {len(sentences)} sentences")
@@ -223,8 +219,7 @@ def sentence_interventions(
 ) -> list[dict]:
     """The interventions of one sentence alone, as ``sentence_records`` holds them (what
     ``seq2seq serve``'s interventions panel asks for): no maps, no other decoding."""
-    if not sentence.strip():
-        raise Seq2SeqError("the sentence is empty")
+    check_sentences(translator, [sentence])
     specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
     decode = _decode_config(translator, 1, max_len, ban_eos)
     source = _source(translator, sentence, words)
@@ -232,6 +227,26 @@ def sentence_interventions(
         return intervention_records(
             translator, source.src, decode, specs, source.columns, source.units
         )
+
+
+def check_sentences(translator: Translator, sentences: list[str]) -> None:
+    """Refuse (``Seq2SeqError``) no sentences, a blank one, or one the tokenizer reads as no
+    subwords at all (only characters it drops, such as U+200B or control characters):
+    ``seq2seq translate`` leaves such a line untranslated, and a source of EOS alone has no
+    position to hide (influence, ``mask:N``)."""
+    if not sentences:
+        raise Seq2SeqError("no sentences given")
+    encoded = translator.tokenizer.encode_batch(sentences, "src")
+    for n, (s, ids) in enumerate(zip(sentences, encoded, strict=True), start=1):
+        which = "the sentence" if len(sentences) == 1 else f"sentence {n}"
+        if not s.strip():
+            raise Seq2SeqError(f"{which} is empty")
+        if not ids:
+            shown = " ".join(f"U+{ord(c):04X}" for c in dict.fromkeys(s) if not c.isspace())
+            raise Seq2SeqError(
+                f"{which} has no subwords: the tokenizer drops each of its characters "
+                f"({shown[:60]}); nothing to translate"
+            )
 
 
 def _decode_config(
@@ -336,10 +351,14 @@ def _record(
         "step_weights": None,
         "caption": plotting.CAPTION,
         "influence": None if occlusion is None else occlusion.influence.cpu().numpy(),
-        "influence_note": None if occlusion is None else INFLUENCE_NOTE,
+        "influence_note": None
+        if occlusion is None
+        else influence_note("this output" if reference is None else "the given reference"),
         "most_attended": None,
         "most_influential": None,
+        "tied": None,
         "agree": None,
+        "tie_nats": None,
         "interventions": changes,
     }
 
@@ -414,7 +433,8 @@ def _with_agreement(record: dict) -> dict:
     and heads) and its most influential one, and whether they agree (``agreement``)."""
     if record["influence"] is None:
         return record
-    return {**record, **agreement(record["weights"].mean(axis=(0, 1)), record["influence"])}
+    mean = record["weights"].mean(axis=(0, 1))  # (Tq, Tk)
+    return {**record, **agreement(mean, record["influence"]), "tie_nats": TIE_NATS}
 
 
 def json_record(record: dict) -> dict:
@@ -484,7 +504,9 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
             lines.append(
                 f"{where}  length {c['length']}, stop reason {c['stop_reason']}; without it "
                 f"{c['original_length']}, {c['original_stop_reason']}; "
-                f"{sum(c['changed'])} of {len(c['words'])} words changed ([marked])"
+                f"{sum(c['changed'])} of {len(c['words'])} words changed ([marked]), "
+                f"{sum(c['removed'])} of {len(c['original_words'])} of the original's changed "
+                "or removed"
             )
     if len(records) == 1:
         lines.append(format_table(records[0], selected_maps(records[0], layer, head)))
@@ -509,34 +531,58 @@ def format_table(record: dict, maps: list[dict]) -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
     block per map, one line per target position. With the record's influence, also the
     source token the map's row attends to most, the one whose occlusion lowers the row's
-    token most, and whether they are the same position (the mean line: how often)."""
+    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.TIE_NATS``), and whether
+    they are the same position ("tie" where tied; the mean line: how often, of the rows
+    that are not)."""
     tokens, src = record["tgt_tokens"], record["src_tokens"]
-    influential = record.get("most_influential")
+    tied = record.get("tied")
+    influential = [] if tied is None else [_tied_tokens(src, t) for t in tied]
     width = max(6, *(len(t) for t in tokens))
     src_width = max((len(t) for t in src), default=0)
-    a_width, i_width = max(len("attended"), src_width), max(len("influential"), src_width)
+    a_width = max(len("attended"), src_width)
+    i_width = max(len("influential"), src_width, *(len(t) for t in influential))
     lines = []
     for m in maps:
         lines.append(f"layer {m['layer']}, head {m['head']}")
         header = f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}"
-        if influential is not None:
+        if tied is not None:
             header += f"  {'attended':<{a_width}}  {'influential':<{i_width}}  same"
         lines.append(header)
         rows = zip(m["row_entropy"], m["eos_mass"], m["punct_mass"], strict=True)
+        same = [] if tied is None else _same(m["attended"], tied)
         for i, (entropy, eos, punct) in enumerate(rows):
             line = f"  {i:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
-            if influential is not None:
-                a, b = m["attended"][i], influential[i]
-                same = "yes" if a == b else "no"
-                line += f"  {src[a]:<{a_width}}  {src[b]:<{i_width}}  {same}"
+            if tied is not None:
+                a = src[m["attended"][i]]
+                line += f"  {a:<{a_width}}  {influential[i]:<{i_width}}  {same[i]}"
             lines.append(line)
         mean = (m["mean_entropy"], m["mean_eos_mass"], m["mean_punct_mass"])
         line = f"  {'':>3}  {'mean':<{width}}  {mean[0]:5.2f}  {mean[1]:5.2f}  {mean[2]:5.2f}"
-        if influential is not None:
-            agree = sum(a == b for a, b in zip(m["attended"], influential, strict=True))
-            line += f"  {'':<{a_width}}  {'':<{i_width}}  {agree}/{len(influential)}"
+        if tied is not None:
+            decisive = len(same) - same.count("tie")
+            line += f"  {'':<{a_width}}  {'':<{i_width}}  {same.count('yes')}/{decisive}"
         lines.append(line)
+    if tied is not None:
+        lines.append(
+            f"same: of the {decisive} rows whose most influential token leads the next by "
+            f"{TIE_NATS} nats or more (bf16 and fp32 move a drop by up to that much); "
+            f"{same.count('tie')} rows are ties"
+        )
     return "\n".join(lines)
+
+
+def _tied_tokens(src: list[str], tied: list[int]) -> str:
+    """A row's most influential token, or those tied with it: "a=b=c", or "a 5-way tie"."""
+    return "=".join(src[j] for j in tied) if len(tied) <= 3 else f"a {len(tied)}-way tie"
+
+
+def _same(attended: list[int], tied: list[list[int]]) -> list[str]:
+    """Per row, "yes" or "no": the attended column is the most influential one; "tie" where
+    several are (``seq2seq.inspect.influence.agreement``)."""
+    return [
+        "tie" if len(t) > 1 else "yes" if a == t[0] else "no"
+        for a, t in zip(attended, tied, strict=True)
+    ]
 
 
 def page_title(records: list[dict]) -> str:

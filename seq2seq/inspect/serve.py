@@ -45,7 +45,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from seq2seq.decoding.search import DeadlinePassed, deadline, max_output_length
 from seq2seq.decoding.translate import Translator
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.inspect.explorer import render_page
 from seq2seq.inspect.report import sentence_interventions, sentence_records
 
@@ -70,7 +70,6 @@ MAX_CONNECTIONS = 64  # handled at once, one thread each
 TITLE = "Attention explorer"
 INTERVENE_PATH = "/intervene"  # the interventions panel posts here; JSON comes back
 INTERNAL_ERROR = "internal error: nothing was translated (the server's log has the details)"
-_DIGITS = re.compile(r"[0-9]{1,18}")  # ASCII only: str.isdigit() takes "²", which int() refuses
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\[\]:/@\s]+)(:[0-9]{1,5})?")
 _SAME_SITE = ("same-origin", "none")  # Sec-Fetch-Site of the page's own form, or a typed URL
 _BUSY_TEXT = b"busy: too many connections at once; try again in a few seconds"
@@ -78,16 +77,11 @@ _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
 _BUSY += b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
 
 
-def _whole_number(text: str) -> int | None:
-    """``text`` as an int if it is ASCII digits only, else None."""
-    return int(text) if _DIGITS.fullmatch(text) else None
-
-
 def _number(form: dict, key: str, largest: int) -> int | None:
     text = form.get(key, "").strip()
     if not text:
         return None
-    value = _whole_number(text)
+    value = whole_number(text)
     if value is None or not 1 <= value <= largest:
         raise Seq2SeqError(f"{key} must be a whole number from 1 to {largest}, got '{text[:20]}'")
     return value
@@ -309,7 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.NOT_FOUND, self._error_page("no such page: try /"))
             return
         text = self.headers.get("Content-Length", "").strip()
-        length = _whole_number(text)
+        length = whole_number(text)
         if length is None:
             status = HTTPStatus.BAD_REQUEST if text else HTTPStatus.LENGTH_REQUIRED
             message = f"Content-Length must be a whole number, got '{text[:20]}'"

@@ -141,11 +141,15 @@ window.onerror = function (message) {
     row: (i) => [map.entropy[i], map.eos[i], map.punct[i]].map((x) => x.toFixed(2)),
   });
   // Per row: the source position attended most (the mean of every layer and head), the one
-  // whose hiding lowers the row's token most, and whether they are one.
+  // whose hiding lowers the row's token most (or those tied with it), and whether they are one.
+  const tiedTokens = (r, i) => {
+    const t = r.influence.tied[i];
+    return t.length <= 3 ? t.map((j) => r.src[j]).join("=") : "a " + t.length + "-way tie";
+  };
+  const sameText = (agree) => agree === null ? "tie" : agree ? "yes" : "no";
   const agreementNumbers = (r) => ({
     head: ["most attended", "most influential", "same"],
-    row: (i) => [r.src[r.influence.attended[i]], r.src[r.influence.influential[i]],
-      r.influence.agree[i] ? "yes" : "no"],
+    row: (i) => [r.src[r.influence.attended[i]], tiedTokens(r, i), sameText(r.influence.agree[i])],
   });
 
   // --- step-through -------------------------------------------------------------------
@@ -221,11 +225,14 @@ window.onerror = function (message) {
     box.textContent = "";
     if (!r.influence) return;
     const i = currentRow(r), f = r.influence;
-    box.dataset.agree = f.agree[i];
+    box.dataset.agree = sameText(f.agree[i]);
+    const verdict = f.agree[i] === null
+      ? el("span", "a tie: drops within " + f.tie_nats + " nats of each other, which bf16 and " +
+        "fp32 can order either way", "tie")
+      : el("span", f.agree[i] ? "the same position" : "not the same",
+        f.agree[i] ? "agree" : "disagree");
     box.append("most attended (mean of every layer and head): ", el("b", r.src[f.attended[i]]),
-      "; most influential (occlusion): ", el("b", r.src[f.influential[i]]), " \u2014 ",
-      el("span", f.agree[i] ? "the same position" : "not the same",
-        f.agree[i] ? "agree" : "disagree"));
+      "; most influential (occlusion): ", el("b", tiedTokens(r, i)), " \u2014 ", verdict);
   }
 
   function drawStep(r) {
@@ -375,6 +382,12 @@ window.onerror = function (message) {
   const held = (r, spec) => r.interventions.find((c) => specOf(c) === spec);
   const info = (length, stop) => "(" + length + " subwords, stop reason " + stop + ")";
 
+  // Words changed or added in the new output, and changed or removed of the original: a
+  // truncated output changes none of its words but removes the rest.
+  const count = (flags) => flags.filter(Boolean).length;
+  const changes = (c) => count(c.changed) + " of " + c.words.length + " words changed, " +
+    count(c.removed) + " of " + c.original_words.length + " of the original's changed or removed";
+
   function drawWords(box, words, changed) {
     box.textContent = "";
     words.forEach((w, k) => {
@@ -430,19 +443,20 @@ window.onerror = function (message) {
         (shown.masked_token ? " (\u201c" + shown.masked_token + "\u201d hidden)" : "");
       drawWords($("result-words"), shown.words, shown.changed);
       $("result-info").textContent = info(shown.length, shown.stop_reason) + ", " +
-        shown.changed.filter(Boolean).length + " of " + shown.words.length + " words changed";
+        changes(shown);
     }
     const table = $("interventions");
     table.textContent = "";
     if (!r.interventions.length) return;
     const head = el("tr");
-    ["intervention", "translation", "words changed", "length", "stop"].forEach(
+    ["intervention", "translation", "words changed / removed", "length", "stop"].forEach(
       (t) => head.appendChild(el("th", t)));
     table.appendChild(head);
     r.interventions.forEach((c) => {
       const tr = el("tr", undefined, specOf(c) === spec ? "chosen" : "");
       tr.dataset.spec = specOf(c);
-      [c.spec, c.translation, c.changed.filter(Boolean).length, c.length, c.stop_reason]
+      [c.spec, c.translation, count(c.changed) + " / " + count(c.removed), c.length,
+        c.stop_reason]
         .forEach((t) => tr.appendChild(el("td", t)));
       tr.addEventListener("click", () => choose(specOf(c)));
       table.appendChild(tr);
