@@ -551,6 +551,22 @@ def test_overwrite_and_a_resume_that_trains_further_remove_the_scored_hypotheses
     assert "removed hyps.test.scores.json, hyps.test.txt: scores of the weights trained" in err
 
 
+def test_a_resume_that_fails_before_it_writes_weights_keeps_the_scores(tmp_path, monkeypatch):
+    from seq2seq import train as train_module
+
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=1), run, progress=False)
+    (run / "hyps.test.en.txt").write_text("scored\n")
+
+    def fails(*args):
+        raise Seq2SeqError("the corpus is gone")
+
+    monkeypatch.setattr(train_module, "build_model", fails)  # after the run's files are read
+    with pytest.raises(Seq2SeqError, match="the corpus is gone"):
+        train(tiny_config(train__max_steps=2), run, resume=True, progress=False)
+    assert (run / "hyps.test.en.txt").read_text() == "scored\n"  # its weights are untouched
+
+
 def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
     import copy
 
