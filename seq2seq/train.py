@@ -32,6 +32,7 @@ from seq2seq.compiling import (
     failure,
     reason,
     setting_of,
+    stopped,
     wants_compile,
 )
 from seq2seq.config import Config, TrainConfig, dropout_at
@@ -384,10 +385,18 @@ class Trainer:
         self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
     ) -> tuple[float, int]:
         """A compiled step failed to compile: with ``train.compile: true`` that ends the run
-        in one line; with ``auto`` the run goes on eagerly, from this same step."""
-        if setting_of(self.config.train.compile) == "true":
+        in one line; with ``auto`` the run goes on eagerly, from this same step. A compile
+        that worked and then stopped (``stopped``) goes on eagerly either way, and says so."""
+        why = stopped(error)
+        if why:
+            self.say(
+                f"note: torch.compile stopped at step {self.state.step + 1}: {why}; "
+                "training eagerly from here"
+            )
+        elif setting_of(self.config.train.compile) == "true":
             raise failure(error) from None
-        self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
+        else:
+            self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
         self.forward, self.compile_errors = self.ddp, ()
         return self.train_step(group, mine)
 
