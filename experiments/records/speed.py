@@ -23,18 +23,30 @@ NEEDS = {
     ),
     "profile": ("environment", "model_config", "parameters", "precision", "profile"),
     "decode": ("environment", "setup", "cases", "bleu"),
+    "masks-memory": ("environment", "model_config", "parameters", "precision", "steps", "masks"),
+    "masks-time": (
+        "environment",
+        "model_config",
+        "parameters",
+        "precision",
+        "rounds",
+        "steps_per_round",
+        "masks",
+    ),
 }
 
 
 def speed_sections(folders: list[Path]) -> str:
     """A section per benchmark record: training ones first, then where a training step's
-    time goes, then decoding."""
+    time goes, then decoding, then dropout's two masks (``bench_masks.py``)."""
     loaded = [(folder.name, _benchmark(folder)) for folder in folders]
     parts = []
     for kind, title, render in (
         ("train", "Training speed", train_speed),
         ("profile", "Where a training step's time goes", profile_table),
         ("decode", "Decoding speed", decode_speed),
+        ("masks-memory", "Dropout masks: training memory", masks_memory),
+        ("masks-time", "Dropout masks: step time", masks_time),
     ):
         found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
         parts.append(f"## {title}\n\n" + ("\n\n".join(found) or "No benchmark records yet."))
@@ -137,6 +149,41 @@ def decode_speed(name: str, b: dict[str, Any]) -> str:
     ]
     if b["bleu"]:
         lines += ["", bleu_table(b["bleu"])]
+    return "\n".join(lines)
+
+
+def masks_memory(name: str, b: dict[str, Any]) -> str:
+    """``bench_masks.py memory``: each mask's peak resident memory and what a step keeps."""
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{_model_line(b)}; the same {b['steps']} batches from the same weights and seed, each "
+        f"mask in a fresh process.{_quick(b)}{_command(b)}",
+        "",
+        "| mask | peak RSS, MB | kept for backward by the largest step, MB |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| {m['mask']} | {m['peak_rss_mb']:,.0f} | {m['saved_mb']:,.1f} |" for m in b["masks"]
+    ]
+    return "\n".join(lines)
+
+
+def masks_time(name: str, b: dict[str, Any]) -> str:
+    """``bench_masks.py time``: each mask's median step time over interleaved rounds."""
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{_model_line(b)}; median of {b['rounds']} interleaved rounds of "
+        f"{b['steps_per_round']} steps, the same seed each.{_quick(b)}{_command(b)}",
+        "",
+        "| mask | ms/step (median) | min–max |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| {mask} | {m['ms_per_step']:.1f} | {m['ms_per_step_min']:.1f}–{m['ms_per_step_max']:.1f} |"
+        for mask, m in b["masks"].items()
+    ]
     return "\n".join(lines)
 
 
