@@ -190,6 +190,30 @@ def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_pa
     assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed
 
 
+def test_bench_masks_records_both_masks_memory_and_the_render_shows_it(tmp_path):
+    out = tmp_path / "results" / "masks"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "bench_masks.py"), "memory", "--quick"]
+        + ["--threads", "1", "--json", str(out / "benchmark.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sys.path.insert(0, str(REPO))
+    from experiments.records.render import load_records, results_page
+
+    record = json.loads((out / "benchmark.json").read_text())
+    ours, theirs = record["masks"]
+    assert (ours["mask"], theirs["mask"]) == ("layers.Dropout", "F.dropout")
+    assert 0 < ours["saved_mb"] < theirs["saved_mb"]  # a boolean mask, where F.dropout's is not
+    page = results_page(load_records(tmp_path / "results"))
+    section = page.split("## Dropout masks: training memory")[1]
+    assert f"| layers.Dropout | {ours['peak_rss_mb']:,.0f} | {ours['saved_mb']:,.1f} |" in section
+    assert "--quick" in section
+
+
 def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path):
     out = tmp_path / "feed.json"
     done = subprocess.run(
