@@ -6,6 +6,11 @@ stops with one line. ``false`` trains eagerly. ``auto`` compiles only on device 
 where ``experiments/bench_train.py --compile`` measured the compiled step faster than the
 eager one; a failure then falls back to eager with a note.
 
+The dropout schedule (``train.early_dropout``) moves the probability every step;
+``layers.Dropout`` reads it from a tensor inside the graph, so that recompiles nothing. A
+forward that dynamo still recompiles past its ``recompile_limit`` would run eagerly from then
+on in silence: here the run says so in its log and goes on eagerly, whatever the setting.
+
 On CPU every compiled set-up measured (whole model, per layer, max-autotune, length
 buckets; ``bench_train.py --compile --json`` records them, docs/results.md renders the
 records) was slower than eager, so ``auto`` is eager on CPU. CUDA and MPS
