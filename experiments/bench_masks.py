@@ -32,7 +32,13 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from experiments.bench_train import Trainee, count, prepare_batches, write_record  # noqa: E402
+from experiments.bench_train import (  # noqa: E402
+    QUICK,
+    Trainee,
+    count,
+    prepare_batches,
+    write_record,
+)
 from seq2seq.config import dropout_at, load_config  # noqa: E402
 from seq2seq.layers import Dropout  # noqa: E402
 from seq2seq.model import build_model  # noqa: E402
@@ -40,14 +46,6 @@ from seq2seq.precision import autocast_dtype  # noqa: E402
 from seq2seq.runtime import peak_memory  # noqa: E402
 
 MASKS = ("layers.Dropout", "F.dropout")
-QUICK = [
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.d_ff=128",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
-    "data.max_tokens=512",
-]
 
 
 def with_mask(model: nn.Module, mask: str) -> nn.Module:
