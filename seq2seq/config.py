@@ -264,10 +264,10 @@ def budget_rule(values: dict[str, Any]) -> dict[str, Any]:
 def dropout_rule(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with ``train.early_dropout: None`` added when they set ``model.dropout`` but
     say nothing of its schedule: a dropout you give is the dropout you get, from the first step."""
-    model, train = values.get("model"), values.get("train")
+    model, train = values.get("model"), values.get("train", {})
     given = isinstance(model, dict) and "dropout" in model
-    if given and not (isinstance(train, dict) and "early_dropout" in train):
-        return {**values, "train": {**(train or {}), "early_dropout": None}}
+    if given and isinstance(train, dict) and "early_dropout" not in train:
+        return {**values, "train": {**train, "early_dropout": None}}
     return values
 
 
@@ -323,7 +323,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 
 
 def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, Any]:
-    """What the YAML file and the ``--set`` overrides set, nested by section; no defaults."""
+    """What the YAML file and the ``--set`` overrides set, nested by section; no defaults.
+
+    ``dropout_rule`` reads the file and the overrides apart: a ``model.dropout`` set on the
+    command line holds from the first step even over a file that schedules it (a run's saved
+    ``config.yaml`` always does), unless the command line sets ``train.early_dropout`` too."""
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -337,9 +341,11 @@ def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> d
         values = loaded or {}
         if not isinstance(values, dict):
             raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
+        values = dropout_rule(values)
+    given: dict[str, Any] = {}
     for text in overrides:
-        values = _merge(values, parse_override(text))
-    return values
+        given = _merge(given, parse_override(text))
+    return _merge(values, dropout_rule(given))
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

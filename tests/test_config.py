@@ -207,3 +207,21 @@ def test_the_default_dropout_rises_with_the_epochs_and_a_given_one_is_kept():
         load_config(None, ["train.dropout_epochs=[4,2]"])
     with pytest.raises(Seq2SeqError, match="train.early_dropout"):
         load_config(None, ["train.early_dropout=1.5"])
+
+
+def test_a_given_dropout_holds_from_the_first_step_with_or_without_a_config_file(tmp_path):
+    from seq2seq.config import dropout_at
+    from seq2seq.run.checkpoint import save_config
+
+    save_config(tmp_path, load_config())  # a run's config.yaml: it schedules the dropout
+    saved = tmp_path / "config.yaml"
+    assert dropout_at(load_config(saved), 0) == load_config().train.early_dropout  # as saved
+    for path in (None, saved):
+        config = load_config(path, ["model.dropout=0.2"])
+        assert (dropout_at(config, 0), dropout_at(config, 100)) == (0.2, 0.2), path
+        both = load_config(path, ["model.dropout=0.2", "train.early_dropout=0.05"])
+        assert (dropout_at(both, 0), dropout_at(both, 100)) == (0.05, 0.2), path
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("model:\n  dropout: 0.2\n")  # a file's dropout alone holds too
+    assert dropout_at(load_config(alone), 0) == 0.2
+    assert dropout_at(load_config(alone, ["train.early_dropout=0.05"]), 0) == 0.05

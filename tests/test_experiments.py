@@ -169,11 +169,13 @@ def test_bench_train_profile_says_where_the_step_time_goes_and_records_it(tmp_pa
     assert f"| `{profile['operators'][0]['name']}` |" in section and "--quick" in section
 
 
-def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_path):
-    out = tmp_path / "results" / "bench-train"
+def bench_record(tmp_path: Path, script: str, *args: str) -> tuple[dict, str]:
+    """``experiments/SCRIPT ARGS --quick --threads 1 --json ...``: its record, and the results
+    page rendered from it."""
+    out = tmp_path / "results" / Path(script).stem / "benchmark.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "bench_train.py"), "--quick", "--threads", "1"]
-        + ["--json", str(out / "benchmark.json")],
+        [sys.executable, str(REPO / "experiments" / script), *args, "--quick", "--threads", "1"]
+        + ["--json", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -183,12 +185,26 @@ def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_pa
     sys.path.insert(0, str(REPO))
     from experiments.records.render import load_records, results_page
 
-    record = json.loads((out / "benchmark.json").read_text())
+    return json.loads(out.read_text()), results_page(load_records(tmp_path / "results"))
+
+
+def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_path):
+    record, page = bench_record(tmp_path, "bench_train.py")
     assert record["environment"]["threads"] == 1 and record["environment"]["cpu"]
-    speed = results_page(load_records(tmp_path / "results")).split("## Training speed")[1]
+    speed = page.split("## Training speed")[1]
     ours = record["results"][0]
     assert f"| seq2seq | {ours['tokens_per_s']:,.0f} |" in speed
     assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed
+
+
+def test_bench_masks_records_both_masks_memory_and_the_render_shows_it(tmp_path):
+    record, page = bench_record(tmp_path, "bench_masks.py", "memory")
+    ours, theirs = record["masks"]
+    assert (ours["mask"], theirs["mask"]) == ("layers.Dropout", "F.dropout")
+    assert 0 < ours["saved_mb"] < theirs["saved_mb"]  # a boolean mask, where F.dropout's is not
+    section = page.split("## Dropout masks: training memory")[1]
+    assert f"| layers.Dropout | {ours['peak_rss_mb']:,.0f} | {ours['saved_mb']:,.1f} |" in section
+    assert "--quick" in section
 
 
 def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path):

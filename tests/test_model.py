@@ -223,6 +223,48 @@ def test_dropout_keeps_one_minus_p_and_scales_what_it_keeps(p):
     assert torch.equal(drop(x), a) and not torch.equal(a, b)
 
 
+def saved_bytes(f, x: torch.Tensor) -> int:
+    """Bytes that ``f(x)`` keeps for its backward."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        f(x)
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_a_boolean_mask_for_backward_no_larger_than_f_dropouts(dtype):
+    from seq2seq.model.layers import Dropout
+
+    x = torch.rand(64, 37, 16, dtype=dtype, requires_grad=True)
+    ours = saved_bytes(Dropout(0.1).train(), x)
+    theirs = saved_bytes(lambda x: torch.nn.functional.dropout(x, 0.1, True), x)
+    # F.dropout keeps an x.dtype noise tensor on CPU and a boolean mask on CUDA: one byte an
+    # element is the smaller of the two
+    assert 0 < ours <= min(theirs, x.numel())
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_scales_by_the_exact_one_over_one_minus_p_in_bf16(p):
+    from seq2seq.model.layers import Dropout
+
+    drop = Dropout(p).train()
+    x = (torch.rand(256, 256) + 1.0).bfloat16().requires_grad_()
+    y = drop(x)
+    kept = y != 0
+    exact = (x.detach().float() * (1 / (1 - p))).bfloat16()  # one rounding, of the product
+    assert torch.equal(y[kept], exact[kept])
+    upstream = torch.rand_like(y) + 1.0
+    y.backward(upstream)
+    assert torch.equal(x.grad[kept], (upstream.float() * (1 / (1 - p))).bfloat16()[kept])
+    assert not x.grad[~kept].any()
+
+
 def test_dropout_gradient_is_the_same_mask_and_scale():
     from seq2seq.model.layers import Dropout
 

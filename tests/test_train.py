@@ -551,6 +551,22 @@ def test_overwrite_and_a_resume_that_trains_further_remove_the_scored_hypotheses
     assert "removed hyps.test.scores.json, hyps.test.txt: scores of the weights trained" in err
 
 
+def test_a_resume_that_fails_before_it_writes_weights_keeps_the_scores(tmp_path, monkeypatch):
+    from seq2seq.training import trainer as train_module
+
+    run = tmp_path / "run"
+    train(tiny_config(train__max_steps=1), run, progress=False)
+    (run / "hyps.test.en.txt").write_text("scored\n")
+
+    def fails(*args):
+        raise Seq2SeqError("the corpus is gone")
+
+    monkeypatch.setattr(train_module, "build_model", fails)  # after the run's files are read
+    with pytest.raises(Seq2SeqError, match="the corpus is gone"):
+        train(tiny_config(train__max_steps=2), run, resume=True, progress=False)
+    assert (run / "hyps.test.en.txt").read_text() == "scored\n"  # its weights are untouched
+
+
 def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
     import copy
 
@@ -755,6 +771,61 @@ def test_compiled_training_gives_the_eager_losses(tmp_path):
         assert compiled[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
     log = (tmp_path / "compiled" / "train.log").read_text()
     assert "; torch.compile" in log  # the run says it compiled
+
+
+@pytest.fixture
+def counted_compile(monkeypatch):
+    """torch.compile with a backend that runs each graph as traced (fast) and keeps a list of
+    them: the graphs a run compiled, from a fresh dynamo cache."""
+    from seq2seq.training import compiling
+    from seq2seq.training import trainer as train_module
+
+    graphs = []
+
+    def counting(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    real = compiling.compiled
+    monkeypatch.setattr(train_module, "compiled", lambda m: real(m, backend=counting))
+    torch._dynamo.reset()
+    yield graphs
+    torch._dynamo.reset()
+
+
+def test_a_compiled_run_compiles_no_more_graphs_when_its_dropout_moves_every_step(
+    tmp_path, counted_compile
+):
+    # The default schedule (0.1 rising to 0.3) squeezed into two epochs of 11 steps: 14 steps
+    # at 14 dropouts, past dynamo's limit of 8 recompiles, compile what a fixed dropout does.
+    same = dict(train__max_steps=14, train__compile="true", model__dropout=0.3)
+    ramp = dict(train__early_dropout=0.1, train__dropout_epochs="[0,2]")
+    train(tiny_config(**same, **ramp), tmp_path / "ramp", progress=False)
+    dropouts = {r["dropout"] for r in read_metrics(tmp_path / "ramp", "train")}
+    assert len(dropouts) == 14
+    moving = len(counted_compile)
+    counted_compile.clear()
+    torch._dynamo.reset()
+    train(tiny_config(**same), tmp_path / "fixed", progress=False)
+    assert 1 <= moving == len(counted_compile)
+    assert "torch.compile stopped" not in (tmp_path / "ramp" / "train.log").read_text()
+
+
+def test_a_compile_that_stops_compiling_says_so_and_trains_on_eagerly(
+    tmp_path, monkeypatch, counted_compile
+):
+    # dropout 0 at step 1, then on: one recompile, which a limit of 1 refuses
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    ramp = dict(train__early_dropout=0.0, train__dropout_epochs="[0,1]")
+    state = train(
+        tiny_config(train__max_steps=3, train__compile="true", **ramp),
+        tmp_path / "r",
+        progress=False,
+    )
+    assert state["step"] == 3
+    log = (tmp_path / "r" / "train.log").read_text()
+    assert "note: torch.compile stopped at step 2: dynamo recompiled past its limit of 1" in log
+    assert "training eagerly from here" in log
 
 
 def failing_backend(graph, example_inputs):

@@ -9,32 +9,34 @@ from typing import Any
 from experiments.records import BENCHMARK, RecordError
 from experiments.records.load import read_json
 
+_TRAINED = ("environment", "model_config", "parameters", "precision")  # _model_line's fields
 NEEDS = {
     "train": (
-        "environment",
-        "model_config",
-        "parameters",
-        "precision",
+        *_TRAINED,
         "rounds",
         "steps_per_round",
         "matmul_peak_flops_per_s",
         "results",
         "speedup_vs_best_reference",
     ),
-    "profile": ("environment", "model_config", "parameters", "precision", "profile"),
+    "profile": (*_TRAINED, "profile"),
     "decode": ("environment", "setup", "cases", "bleu"),
+    "masks-memory": (*_TRAINED, "steps", "masks"),
+    "masks-time": (*_TRAINED, "rounds", "steps_per_round", "masks"),
 }
 
 
 def speed_sections(folders: list[Path]) -> str:
     """A section per benchmark record: training ones first, then where a training step's
-    time goes, then decoding."""
+    time goes, then decoding, then dropout's two masks (``bench_masks.py``)."""
     loaded = [(folder.name, _benchmark(folder)) for folder in folders]
     parts = []
     for kind, title, render in (
         ("train", "Training speed", train_speed),
         ("profile", "Where a training step's time goes", profile_table),
         ("decode", "Decoding speed", decode_speed),
+        ("masks-memory", "Dropout masks: training memory", masks_memory),
+        ("masks-time", "Dropout masks: step time", masks_time),
     ):
         found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
         parts.append(f"## {title}\n\n" + ("\n\n".join(found) or "No benchmark records yet."))
@@ -137,6 +139,38 @@ def decode_speed(name: str, b: dict[str, Any]) -> str:
     ]
     if b["bleu"]:
         lines += ["", bleu_table(b["bleu"])]
+    return "\n".join(lines)
+
+
+def masks_memory(name: str, b: dict[str, Any]) -> str:
+    """``bench_masks.py memory``: each mask's peak resident memory and what a step keeps."""
+    how = (
+        f"the same {b['steps']} batches from the same weights and seed, each mask in a fresh "
+        "process"
+    )
+    rows = [f"| {m['mask']} | {m['peak_rss_mb']:,.0f} | {m['saved_mb']:,.1f} |" for m in b["masks"]]
+    return _masks_section(
+        name, b, how, "peak RSS, MB | kept for backward by the largest step, MB", rows
+    )
+
+
+def masks_time(name: str, b: dict[str, Any]) -> str:
+    """``bench_masks.py time``: each mask's median step time over interleaved rounds."""
+    how = (
+        f"median of {b['rounds']} interleaved rounds of {b['steps_per_round']} steps, the same "
+        "seed each"
+    )
+    rows = [
+        f"| {mask} | {m['ms_per_step']:.1f} | {m['ms_per_step_min']:.1f}–{m['ms_per_step_max']:.1f} |"
+        for mask, m in b["masks"].items()
+    ]
+    return _masks_section(name, b, how, "ms/step (median) | min–max", rows)
+
+
+def _masks_section(name: str, b: dict[str, Any], how: str, columns: str, rows: list[str]) -> str:
+    """A ``bench_masks.py`` record: what ran and how, then a row per mask."""
+    lines = [f"### `{name}`", "", f"{_model_line(b)}; {how}.{_quick(b)}{_command(b)}", ""]
+    lines += [f"| mask | {columns} |", "|---|" + "---:|" * (columns.count("|") + 1), *rows]
     return "\n".join(lines)
 
 

@@ -31,19 +31,44 @@ def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     return table
 
 
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` whose mask costs less on a CPU: eager CPU training draws 16 random bits per
-    element (four to each int64 that ``random_`` fills), where ``F.dropout``'s ``bernoulli_``
-    draws a double. Same law: each element kept with probability 1 - p (to 1/65536) and scaled
-    by 1/(1 - p); masks from torch's default generator, so a seed and ``--resume`` reproduce
-    them. On other devices, and under ``torch.compile``, it is ``F.dropout``."""
+class Dropout(nn.Module):
+    """Dropout whose probability the trainer's schedule moves (``drop.p = 0.2``), built for two
+    costs. Eager CPU training draws 16 random bits per element (four to each int64 that
+    ``random_`` fills), where ``F.dropout``'s ``bernoulli_`` draws a double, and keeps only the
+    boolean mask for backward (1 byte an element; ``F.dropout`` on CPU keeps an ``x.dtype``
+    noise tensor). Same law: each element kept with probability 1 - p (to 1/65536) and scaled
+    by 1/(1 - p) computed in float32, also under bf16 autocast; masks from torch's default
+    generator, so a seed and ``--resume`` reproduce them. On other devices it is
+    ``F.dropout``. Under ``torch.compile`` the probability is read from a tensor inside the
+    graph, so a schedule that moves it every step compiles once, not once per value."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.register_buffer("rate", torch.tensor(float(p)), persistent=False)
+        self.p = p
+
+    @property
+    def p(self) -> float:
+        return self._p
+
+    @p.setter
+    def p(self, value: float) -> None:
+        self._p = float(value)  # what eager code reads: no device sync for it
+        self.active = value > 0.0  # what a compiled graph guards on: one bool, not the value
+        self.rate.fill_(value)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.training or not self.active:
             return x
-        if x.device.type != "cpu" or torch.compiler.is_compiling():
-            return F.dropout(x, self.p, True, self.inplace)
-        return _ScaledMask.apply(x, keep_mask(x.shape, self.p), self.p)
+        if torch.compiler.is_compiling():
+            keep = torch.rand_like(x, dtype=torch.float32) >= self.rate
+            return x * keep / (1.0 - self.rate)
+        if x.device.type != "cpu":
+            return F.dropout(x, self.p, True)
+        return _MaskAndScale.apply(x, keep_mask(x.shape, self.p), self.p)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"
 
 
 def keep_mask(shape: torch.Size, p: float) -> Tensor:
@@ -54,19 +79,21 @@ def keep_mask(shape: torch.Size, p: float) -> Tensor:
     return (words.view(torch.int16)[:n] >= threshold).view(shape)
 
 
-class _ScaledMask(torch.autograd.Function):
-    """``x * keep / (1 - p)``; the gradient is masked and scaled the same way."""
+class _MaskAndScale(torch.autograd.Function):
+    """``x * keep * (1 / (1 - p))``; the gradient is masked and scaled the same way. Only the
+    boolean ``keep`` is saved; the scale is a Python float, which CPU kernels multiply in
+    float32 even for a bf16 ``x`` (a bf16 scale tensor would be 1.109375 at p = 0.1)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor, p: float) -> Tensor:
-        scale = keep.to(x.dtype).mul_(1.0 / (1.0 - p))
-        ctx.save_for_backward(scale)
-        return x * scale
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save_for_backward(keep)
+        return (x * keep).mul_(ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
-        (scale,) = ctx.saved_tensors
-        return grad * scale, None, None
+        (keep,) = ctx.saved_tensors
+        return (grad * keep).mul_(ctx.scale), None, None
 
 
 class Embedding(nn.Module):

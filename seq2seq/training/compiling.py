@@ -6,6 +6,11 @@ stops with one line. ``false`` trains eagerly. ``auto`` compiles only on device 
 where ``experiments/bench_train.py --compile`` measured the compiled step faster than the
 eager one; a failure then falls back to eager with a note.
 
+The dropout schedule (``train.early_dropout``) moves the probability every step;
+``layers.Dropout`` reads it from a tensor inside the graph, so that recompiles nothing. A
+forward that dynamo still recompiles past its ``recompile_limit`` would run eagerly from then
+on in silence: here the run says so in its log and goes on eagerly, whatever the setting.
+
 On CPU every compiled set-up measured (whole model, per layer, max-autotune, length
 buckets; ``bench_train.py --compile --json`` records them, docs/results.md renders the
 records) was slower than eager, so ``auto`` is eager on CPU. CUDA and MPS
@@ -33,20 +38,43 @@ def wants_compile(value: object, device: torch.device) -> bool:
 
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a failing compile raises: dynamo's errors (a backend that fails is wrapped in
-    one) and inductor's, which a lazily compiled backward raises unwrapped."""
+    one), inductor's, which a lazily compiled backward raises unwrapped, and ``stopped()``'s."""
     import torch._dynamo.exc
     import torch._inductor.exc
 
-    return (torch._dynamo.exc.TorchDynamoException, torch._inductor.exc.InductorError)
+    return (
+        torch._dynamo.exc.TorchDynamoException,
+        torch._inductor.exc.InductorError,
+        torch._dynamo.exc.FailOnRecompileLimitHit,
+    )
 
 
 def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
     """``module``'s forward compiled with dynamic shapes; the parameters stay the module's,
-    so checkpoints, validation and the optimizer see the same tensors."""
+    so checkpoints, validation and the optimizer see the same tensors. A forward that dynamo
+    would recompile past its ``recompile_limit`` raises instead of silently running eagerly
+    from then on (see ``stopped``)."""
     try:
-        return torch.compile(module, backend=backend, dynamic=True)
+        forward = torch.compile(module, backend=backend, dynamic=True)
     except RuntimeError as e:  # e.g. a Python version that dynamo does not support yet
         raise failure(e) from None
+
+    def call(*args: object) -> object:
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            return forward(*args)
+
+    return call
+
+
+def stopped(error: BaseException) -> str | None:
+    """Why compiling stopped, when ``error`` is dynamo giving up on recompiling (compiling
+    worked, then a guard failed at every step: the run can go on eagerly); else None."""
+    import torch._dynamo.exc
+
+    if not isinstance(error, torch._dynamo.exc.FailOnRecompileLimitHit):
+        return None
+    limit = torch._dynamo.config.recompile_limit
+    return f"dynamo recompiled past its limit of {limit} graphs (TORCH_LOGS=recompiles says why)"
 
 
 def reason(error: BaseException) -> str:

@@ -49,6 +49,7 @@ from seq2seq.training.compiling import (
     failure,
     reason,
     setting_of,
+    stopped,
     wants_compile,
 )
 from seq2seq.training.curves import update_run_curves
@@ -114,7 +115,7 @@ def train(
     With ``resume``, the recipe comes from the run's saved config and only the budgets
     (``checkpoint.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
     to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
-    scores, which are of the weights it replaces.
+    scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
     """
     run_dir = Path(run_dir)
     runtime = setup_runtime(config.train.device, config.train.threads)
@@ -137,9 +138,6 @@ def train(
                 if runtime.main:
                     say(already_finished(run_dir, finished.stop_reason))
                 return dataclasses.asdict(finished)
-            removed = checkpoint.clear_scores(run_dir) if runtime.main else []
-            if removed:
-                say(f"removed {', '.join(removed)}: scores of the weights trained further", run_dir)
         trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
         return dataclasses.asdict(trainer.run())
 
@@ -227,6 +225,8 @@ class Trainer:
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self.resumed = resume
+        # seq2seq evaluate's scores, kept until the weights they scored are first replaced
+        self.scores_stale = resume and runtime.main
         self.say(self.describe(resume))
         self.say(config.train.budgets())
         self.say(describe_dropout(config))
@@ -383,10 +383,18 @@ class Trainer:
         self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
     ) -> tuple[float, int]:
         """A compiled step failed to compile: with ``train.compile: true`` that ends the run
-        in one line; with ``auto`` the run goes on eagerly, from this same step."""
-        if setting_of(self.config.train.compile) == "true":
+        in one line; with ``auto`` the run goes on eagerly, from this same step. A compile
+        that worked and then stopped (``stopped``) goes on eagerly either way, and says so."""
+        why = stopped(error)
+        if why:
+            self.say(
+                f"note: torch.compile stopped at step {self.state.step + 1}: {why}; "
+                "training eagerly from here"
+            )
+        elif setting_of(self.config.train.compile) == "true":
             raise failure(error) from None
-        self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
+        else:
+            self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
         self.forward, self.compile_errors = self.ddp, ()
         return self.train_step(group, mine)
 
@@ -455,6 +463,7 @@ class Trainer:
         if not runtime.main:  # every rank knows the scores; rank 0 writes
             self.model.train()
             return
+        self.replacing_weights()
         if best:
             metadata = {"step": s.step, "bleu": bleu}
             checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
@@ -502,6 +511,7 @@ class Trainer:
         if better:  # every rank knows the scores, as in validate; rank 0 writes
             s.best_bleu, s.best_step = bleu, s.step
         if better and self.runtime.main:
+            self.replacing_weights()
             metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
             checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
         self.model.load_state_dict(trained)
@@ -517,6 +527,7 @@ class Trainer:
         masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
         rng = gather(self.runtime, checkpoint.rng_state())
         if self.runtime.main:
+            self.replacing_weights()
             self.state.elapsed = time.monotonic() - self.started
             checkpoint.save_training_state(
                 self.run_dir / checkpoint.LAST_FILE,
@@ -525,6 +536,16 @@ class Trainer:
                 dataclasses.asdict(self.state),
                 rng,
             )
+
+    def replacing_weights(self) -> None:
+        """Called on rank 0 before it writes any weights: a resumed run's first write removes
+        ``seq2seq evaluate``'s scores, which were of the weights it replaces. Not sooner, so a
+        resume that fails before it has written keeps the scores of the weights it kept."""
+        if self.scores_stale:
+            self.scores_stale = False
+            removed = checkpoint.clear_scores(self.run_dir)
+            if removed:
+                self.say(f"removed {', '.join(removed)}: scores of the weights trained further")
 
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also
