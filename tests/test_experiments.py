@@ -5,13 +5,13 @@ README is its template filled from the committed results, so neither can drift."
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import child_env
 from matplotlib.image import imread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ EXPERIMENTS = ("length_from_decoding", "attention_not_explanation", "kv_heads", 
 
 
 def test_experiments_run_in_quick_mode(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     committed = {name: _readme_bytes(name) for name in EXPERIMENTS}
     procs = {
         name: subprocess.Popen(
@@ -147,6 +147,7 @@ def test_bench_train_profile_says_where_the_step_time_goes_and_records_it(tmp_pa
         [sys.executable, str(script), "--quick", "--profile", "2", "--threads", "1"]
         + ["--json", str(out)],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -174,6 +175,7 @@ def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_pa
         [sys.executable, str(REPO / "experiments" / "bench_train.py"), "--quick", "--threads", "1"]
         + ["--json", str(out / "benchmark.json")],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -196,6 +198,7 @@ def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path
         [sys.executable, str(REPO / "experiments" / "bench_feed.py"), "--quick", "--threads", "1"]
         + ["--json", str(out)],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
