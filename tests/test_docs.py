@@ -56,6 +56,7 @@ from unittest import mock
 
 import matplotlib.image
 import pytest
+from helpers import child_env
 
 from seq2seq.commands.cli import build_parser, main
 from seq2seq.config import Config, config_from_dict, given_values
@@ -355,7 +356,7 @@ class PageRun:
         done = subprocess.run(
             ["bash", "-c", line],
             cwd=self.folder,
-            env={**os.environ, "PATH": path},
+            env=child_env(PATH=path),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -5,7 +5,6 @@ README is its template filled from the committed results, so neither can drift."
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import child_env
 from matplotlib.image import imread
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ EXPERIMENTS = ("length_from_decoding", "attention_not_explanation", "kv_heads", 
 
 
 def test_experiments_run_in_quick_mode(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = child_env()
     committed = {name: _readme_bytes(name) for name in EXPERIMENTS}
     procs = {
         name: subprocess.Popen(
@@ -148,6 +148,7 @@ def test_bench_train_profile_says_where_the_step_time_goes_and_records_it(tmp_pa
         [sys.executable, str(script), "--quick", "--profile", "2", "--threads", "1"]
         + ["--json", str(out)],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -177,6 +178,7 @@ def bench_record(tmp_path: Path, script: str, *args: str) -> tuple[dict, str]:
         [sys.executable, str(REPO / "experiments" / script), *args, "--quick", "--threads", "1"]
         + ["--json", str(out)],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -213,6 +215,7 @@ def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path
         [sys.executable, str(REPO / "experiments" / "bench_feed.py"), "--quick", "--threads", "1"]
         + ["--json", str(out)],
         cwd=REPO,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -255,7 +258,7 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
     script = REPO / "experiments" / "gpu_check.py"
     done = subprocess.run(
         [sys.executable, str(script), "--json", str(tmp_path / "record.json")],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=child_env(),
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "no GPU is present" in done.stderr and not (tmp_path / "record.json").exists()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from browser import explorer_run_dir
-from helpers import V, tiny_model, tiny_run_dir
+from helpers import V, child_env, tiny_model, tiny_run_dir
 
 from seq2seq.config import DecodeConfig
 from seq2seq.data.batching import collate
@@ -321,7 +321,7 @@ def test_timing_script_runs_and_writes_its_numbers(tmp_path_factory, tmp_path):
     args = ["--run", str(run), "--quick", "--threads", "1", "--page-sentences", "2"]
     done = subprocess.run(
         [sys.executable, str(script), *args, "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
+        env=child_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(out.read_text(encoding="utf-8"))

@@ -3,13 +3,13 @@ import that runs back up, even one hidden in a function body."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 LINT = [
@@ -22,7 +22,7 @@ LINT = [
 
 
 def lint(root: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    env = child_env(PYTHONPATH=str(root))
     return subprocess.run(LINT, cwd=root, env=env, capture_output=True, text=True, timeout=120)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -14,6 +13,7 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
+from helpers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on a loaded 2-core machine
@@ -105,13 +105,13 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_an
     source = _copy_source(tmp_path / "source")
     dist, site = tmp_path / "dist", tmp_path / "site"
     build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dist)]
-    subprocess.run([*build, str(source)], check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    subprocess.run([*build, str(source)], check=True, timeout=SUBPROCESS_TIMEOUT_S, env=child_env())
     [wheel] = dist.glob("seq2seq-*.whl")
     install = [*pip, "install", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
-    subprocess.run(install, check=True, timeout=SUBPROCESS_TIMEOUT_S)
+    subprocess.run(install, check=True, timeout=SUBPROCESS_TIMEOUT_S, env=child_env())
     shutil.rmtree(source)  # nothing may come from the tree it was built from
 
-    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    env = child_env(PYTHONPATH=str(site))
     env["SEQ2SEQ_CACHE"] = str(tmp_path / "cache")
     probe = subprocess.run(
         [sys.executable, "-c", _PROBE],

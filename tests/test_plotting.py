@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import child_env
 
 from seq2seq.drawing.plotting import (
     CAPTION,
@@ -145,7 +146,7 @@ def test_plotting_imports_no_model_code_and_no_pyplot():
         "bad = [m for m in ('torch', 'seq2seq.model.transformer', 'matplotlib.pyplot') if m in sys.modules]; "
         "sys.exit(str(bad) if bad else 0)"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env=child_env())
 
 
 # --- numbers -----------------------------------------------------------------------------

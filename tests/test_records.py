@@ -236,6 +236,17 @@ def test_each_seed_says_what_trained_it(tmp_path):
     assert f"| {machine_a}; {machine_b} + {machine_a} |" in tuning_table(records.trainings)
 
 
+def test_each_seed_says_whether_its_test_scores_name_their_weights(tmp_path):
+    test = {"greedy": 39.0, "beam": 40.0, "literature": 41.0, "chrf": 60.0}
+    write_record(tmp_path, "base-s1", 1, 40.0, test)  # scores as an older evaluate wrote them
+    hashed = write_record(tmp_path, "base-s2", 2, 41.0, test)
+    for path in hashed.glob("hyps.*.json"):
+        path.write_text(json.dumps({**json.loads(path.read_text()), "sha256": "ab" * 32}))
+    page = results_page(load_records(tmp_path))
+    unhashed = "no: scored before scores named their weights"
+    assert f"| test scores tied to them |  | {unhashed} | by sha256 |" in page
+
+
 def test_the_tuning_table_never_shows_a_test_score(tmp_path):
     three_seeds(tmp_path)
     write_record(tmp_path, "sweep", 1, 37.77, recipe="sweep", lr=0.005)
@@ -409,6 +420,39 @@ def test_a_committed_test_score_is_its_hypotheses_scored_again(folder, scores):
         assert again[key] == recorded[key], f"{key} {recorded[key]}, scored again {again[key]}"
     for key in ("bleu_signature", "chrf_signature"):  # but the version that computed them
         assert _unversioned(again[key]) == _unversioned(recorded[key]), key
+
+
+# Records whose test scores an older ``seq2seq evaluate`` wrote, before a scores file named
+# the weights it scored (no ``sha256``): the former default's seeds and its dropout-0.3
+# variant. Nothing ties their scores to the record's weights; docs/results.md says so in
+# their rows ("test scores tied to them: no").
+UNHASHED = {
+    *(f"default-{d}-s{seed}" for d in ("deen", "ende") for seed in (1, 2, 3)),
+    *(f"do0.3-alone-{d}-s{seed}" for d in ("deen", "ende") for seed in (1, 2, 3)),
+    "alone-deen-s1",
+}
+SCORED = [f for f in RECORDS if record_of(f)["scores"]["test"]]
+
+
+@pytest.mark.parametrize("folder", SCORED, ids=lambda folder: folder.name)
+def test_committed_test_scores_are_of_the_weights_their_record_names(folder):
+    """Each scores file the record lists names the weights file, the weights and the sha256
+    the record does; only the records ``UNHASHED`` lists carry no hash, each listed one none."""
+    record = record_of(folder)
+    for name in record["scores"]["test"].values():
+        scores = read_json(folder / name)
+        if folder.name in UNHASHED:
+            assert "sha256" not in scores, (
+                f"{name} names its weights: {folder.name} is not UNHASHED"
+            )
+            continue
+        assert "sha256" in scores, f"{name}: no weights hash, and {folder.name} is not UNHASHED"
+        for key in ("weights_file", "weights", "sha256"):
+            assert scores[key] == record[key], f"{name}: {key} {scores[key]}, record {record[key]}"
+
+
+def test_every_record_listed_as_unhashed_is_committed():
+    assert {f.name for f in SCORED} >= UNHASHED
 
 
 CORPUS_KEYS = ("data", "src", "tgt", "test_split", "carve_valid", "carve_test", "columns")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import child_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -56,7 +57,7 @@ LOSS_TOLERANCE = 1e-6  # relative; the resumed run is expected to be bit-identic
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return child_env(PYTHONPATH=str(REPO))
 
 
 def cli_args(overrides: list[str]) -> list[str]:
@@ -224,6 +225,7 @@ def test_a_live_trainer_holds_the_run_and_its_death_frees_it(copy_of, capsys):
             "f.write('4242'); f.flush(); print('locked', flush=True); time.sleep(120)",
             str(copy_of / ".lock"),
         ],
+        env=env(),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -657,6 +659,7 @@ def tiny_disk(tmp_path):
             ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
             capture_output=True,
             text=True,
+            env=env(),
         )
         if done.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
@@ -665,7 +668,7 @@ def tiny_disk(tmp_path):
 
     yield mount
     for where in mounted:
-        subprocess.run(["umount", str(where)], check=False)
+        subprocess.run(["umount", str(where)], check=False, env=env())
 
 
 @pytest.mark.parametrize("size", ["64k", "300k"])  # full at the tokenizer / at the first checkpoint

@@ -3,10 +3,11 @@ writes seeded corpora, and its committed README is its template filled from its 
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from helpers import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 HERE = REPO / "experiments" / "scale"
@@ -24,7 +25,7 @@ def test_scale_runs_in_quick_mode(tmp_path):
     done = subprocess.run(
         [sys.executable, str(HERE / "run.py"), "--quick", "--out", str(tmp_path)],
         cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -78,6 +79,7 @@ def test_the_versions_benchmark_compares_two_checkouts(tmp_path):
         [sys.executable, str(HERE / "versions.py"), "--before", str(REPO), "--quick"]
         + ["--json", str(out)],
         cwd=tmp_path,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -88,6 +90,7 @@ def test_the_versions_benchmark_compares_two_checkouts(tmp_path):
     assert result["ratio_after_before"] > 0 and set(result["checkouts"]) == {"before", "after"}
     bad = subprocess.run(
         [sys.executable, str(HERE / "versions.py"), "--before", str(tmp_path)],
+        env=child_env(),
         capture_output=True,
         text=True,
     )

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import child_env
 
 from seq2seq.config import Config, DataConfig, ModelConfig, config_to_dict
 from seq2seq.data.corpora import encode_pairs, load_corpus
@@ -315,7 +316,7 @@ def test_every_rank_checks_that_its_store_was_made_for_rank_0s_corpus(tmp_path):
     tsv_corpus(corpus, 350)  # rank 0's corpus changes; the stale copy keeps the old store
     script = tmp_path / "stale_rank.py"
     script.write_text(STALE_RANK)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
+    env = child_env(MASTER_ADDR="127.0.0.1")
     result = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -358,6 +359,7 @@ def test_a_preparation_killed_mid_write_is_not_trusted_and_is_redone(tmp_path):
     run = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-c", KILLED_PREPARATION, json.dumps(config_to_dict(config)), str(run)],
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,

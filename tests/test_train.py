@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
+from helpers import child_env
 
 from seq2seq.config import load_config
 from seq2seq.errors import Seq2SeqError
@@ -100,7 +101,7 @@ def file_digests(folder: Path) -> dict[str, str]:
 
 
 def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return child_env(PYTHONPATH=str(REPO))
 
 
 def test_loss_falls_well_below_the_start(tmp_path):

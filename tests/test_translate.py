@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_run_dir
+from helpers import child_env, tiny_run_dir
 
 from seq2seq.commands.cli import main
 from seq2seq.config import DecodeConfig
@@ -222,7 +222,7 @@ def test_cli_errors_are_one_line(run_dir, tmp_path, capsys, args):
 def test_console_interactive_prompt(run_dir, translator):
     """The real console path: ``python -m seq2seq`` with a terminal on standard input."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    env = child_env(PYTHONPATH=str(REPO_ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "seq2seq", "translate", str(run_dir), "--device", "cpu"],
         stdin=follower,

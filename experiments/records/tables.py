@@ -98,6 +98,7 @@ def results_table(runs: list[Tested]) -> str:
     rows = [_figure_row(m.label, m.digits, [m.value(t) for t in runs]) for m in METRICS.values()]
     rows.append(["trained on", "", *(t.training.machine for t in runs)])
     rows.append(["scored weights", "", *(t.training.weights for t in runs)])
+    rows.append(["test scores tied to them", "", *(_tied(t) for t in runs)])
     scored = [t.training.valid_bleu for t in runs]
     rows.append(_figure_row("validation BLEU of the scored weights", 2, scored))
     rows += [
@@ -108,6 +109,14 @@ def results_table(runs: list[Tested]) -> str:
     head += [f"seed {t.training.seed}" for t in runs]
     table = [head, ["---", *["---:"] * (n + 1)], *rows]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in table)
+
+
+def _tied(run: Tested) -> str:
+    """Whether every test scores file names the sha256 of the weights it scored (which the
+    suite checks against the record's); scores an older ``seq2seq evaluate`` wrote do not."""
+    if all("sha256" in scores for scores in run.test.values()):
+        return "by sha256"
+    return "no: scored before scores named their weights"
 
 
 def _figure_row(label: str, digits: int, found: list[float | None]) -> list[str]:

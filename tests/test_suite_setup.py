@@ -1,0 +1,123 @@
+"""The suite on other machines: workers within the CPU quota, one thread a child process, and
+plain pytest without pytest-xdist (tests/conftest.py, tests/helpers.py)."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import helpers
+import pytest
+from helpers import cgroup_cpu_quota, child_env, usable_cpus
+
+TESTS = Path(__file__).resolve().parent
+SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on a loaded 2-core machine
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2.0),  # cgroup v2: 200 ms in every 100 ms
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),  # v1
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({"cpu.max": "a lot\n"}, None),  # a file this does not read
+        ({}, None),  # no cgroup files at all (macOS)
+    ],
+)
+def test_the_cgroup_cpu_quota_is_read_from_either_cgroup_version(tmp_path, files, quota):
+    assert cgroup_cpu_quota(write(tmp_path, files)) == quota
+
+
+@pytest.mark.parametrize(
+    ("files", "affinity", "cpus"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 64, 2),  # a 2-CPU quota on a 64-core host
+        ({"cpu.max": "150000 100000\n"}, 64, 1),  # rounded down: no worker over the quota
+        ({"cpu.max": "50000 100000\n"}, 64, 1),  # at least one
+        ({"cpu.max": "800000 100000\n"}, 2, 2),  # pinned to 2 cores, whatever the quota
+        ({"cpu.max": "max 100000\n"}, 64, 64),
+    ],
+)
+def test_usable_cpus_are_the_affinity_capped_by_the_quota(
+    tmp_path, monkeypatch, files, affinity, cpus
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(affinity)), raising=False)
+    assert usable_cpus(write(tmp_path, files)) == cpus
+
+
+def test_xdist_sizes_its_workers_by_the_usable_cpus(pytestconfig, monkeypatch, tmp_path):
+    """``-n auto`` asks tests/conftest.py, not xdist's count of the host's cores."""
+    if not pytestconfig.pluginmanager.hasplugin("xdist"):
+        pytest.skip("pytest-xdist is not installed or not loaded (-p no:xdist)")
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(helpers, "CGROUP", write(tmp_path, {"cpu.max": "200000 100000\n"}))
+    assert pytestconfig.hook.pytest_xdist_auto_num_workers(config=pytestconfig) == 2
+
+
+def test_the_suite_collects_without_xdist():
+    """Plain pytest, with pytest-xdist absent: the suite's options must not need it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:xdist", "--co", "-q", "tests/test_config.py"],
+        cwd=TESTS.parent,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests collected" in done.stdout
+
+
+def test_a_child_process_runs_one_thread(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert done.stdout.strip() == "1", done.stderr[-2000:]
+
+
+def subprocess_calls_without_env(source: str) -> list[int]:
+    """Lines of ``subprocess.run(...)``/``Popen(...)`` calls in ``source`` given no ``env``:
+    their children would inherit every thread."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "subprocess"
+        and node.func.attr in ("run", "Popen", "call", "check_call", "check_output")
+        and not any(k.arg == "env" for k in node.keywords)
+    ]
+
+
+def test_every_process_the_tests_start_gets_the_child_environment():
+    assert subprocess_calls_without_env("subprocess.run(['x'], env=child_env())") == []
+    assert subprocess_calls_without_env("subprocess.Popen(['x'])") == [1]
+    missing = {
+        path.name: lines
+        for path in sorted(TESTS.glob("*.py"))
+        if (lines := subprocess_calls_without_env(path.read_text(encoding="utf-8")))
+    }
+    assert not missing, f"subprocess calls without env=child_env(...): {missing}"
+    spread = [
+        p.name
+        for p in TESTS.glob("*.py")
+        if "**os.environ" in p.read_text() and p.name not in ("helpers.py", "test_suite_setup.py")
+    ]
+    assert not spread, f"environments built apart from helpers.child_env: {spread}"
