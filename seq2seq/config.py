@@ -66,6 +66,14 @@ class DataConfig:
     # under torchrun (fairseq's meaning): a step takes processes x accum_steps such batches.
     carve_valid: int = 1000  # carved off train when a corpus has only a train split
     carve_test: int = 1000
+    # Subword regularisation: each epoch's training pairs segmented afresh by BPE-dropout,
+    # each merge skipped with probability subword_alpha (0 = off: the store's segmentation
+    # every epoch; Provilkov et al. 2020 use 0.1). Like late dropout it follows the epochs
+    # seen: off until epoch subword_epochs[0], then rising linearly to subword_alpha at epoch
+    # subword_epochs[1] (an epoch takes the value at its middle: [0, 0] = on from the first);
+    # validation, test and decoding keep the deterministic segmentation.
+    subword_alpha: float = 0.0
+    subword_epochs: tuple[float, float] = (5.0, 10.0)  # train.dropout_epochs' default
 
 
 @dataclass
@@ -271,17 +279,29 @@ def dropout_rule(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def ramp(epochs: float, span: tuple[float, float], low: float, high: float) -> float:
+    """``low`` until epoch ``span[0]``, then linearly up to ``high`` at epoch ``span[1]``."""
+    start, end = span
+    if epochs <= start:
+        return low
+    if epochs >= end:
+        return high
+    return low + (high - low) * (epochs - start) / (end - start)
+
+
 def dropout_at(config: Config, epochs: float) -> float:
     """The residual and embedding dropout after ``epochs`` passes over the corpus (fractional)."""
     full, early = config.model.dropout, config.train.early_dropout
     if early is None:
         return full
-    start, end = config.train.dropout_epochs
-    if epochs <= start:
-        return early
-    if epochs >= end:
-        return full
-    return early + (full - early) * (epochs - start) / (end - start)
+    return ramp(epochs, config.train.dropout_epochs, early, full)
+
+
+def subword_alpha_at(config: Config, epoch: int) -> float:
+    """The BPE-dropout of epoch ``epoch`` (0 = the store's segmentation): the schedule's value
+    halfway through it, as dropout's ramp is on average over the epoch's steps."""
+    d = config.data
+    return ramp(epoch + 0.5, d.subword_epochs, 0.0, d.subword_alpha) if d.subword_alpha else 0.0
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
@@ -469,6 +489,15 @@ def _data_checks(d: DataConfig, m: ModelConfig) -> list[Check]:
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
         (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (0.0 <= d.subword_alpha < 1.0, "data.subword_alpha must be in [0, 1) (0 = off)"),
+        (
+            0 <= d.subword_epochs[0] <= d.subword_epochs[1],
+            "data.subword_epochs must be two epochs, 0 <= from <= to",
+        ),
+        (
+            not d.subword_alpha or d.spm_model_type == "bpe",
+            "data.subword_alpha (BPE-dropout) needs data.spm_model_type 'bpe'",
+        ),
         (
             d.columns is None or re.fullmatch(r"([^,]+),(?!\1$)[^,]+", d.columns) is not None,
             "data.columns must name two different columns, source first, e.g. '1,2' or 'en,fr'",

@@ -225,3 +225,29 @@ def test_a_given_dropout_holds_from_the_first_step_with_or_without_a_config_file
     alone.write_text("model:\n  dropout: 0.2\n")  # a file's dropout alone holds too
     assert dropout_at(load_config(alone), 0) == 0.2
     assert dropout_at(load_config(alone, ["train.early_dropout=0.05"]), 0) == 0.05
+
+
+def test_subword_regularisation_is_off_by_default_and_follows_its_epochs():
+    from seq2seq.config import subword_alpha_at
+
+    assert all(subword_alpha_at(load_config(), epoch) == 0.0 for epoch in range(50))
+    ramp = load_config(None, ["data.subword_alpha=0.1", "data.subword_epochs=[2,4]"])
+    # each epoch at its middle: off through epoch 1, a quarter and three quarters, then full
+    strengths = [subword_alpha_at(ramp, epoch) for epoch in range(6)]
+    assert strengths == pytest.approx([0.0, 0.0, 0.025, 0.075, 0.1, 0.1])
+    always = load_config(None, ["data.subword_alpha=0.1", "data.subword_epochs=[0,0]"])
+    assert subword_alpha_at(always, 0) == 0.1
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["data.subword_alpha=1.0"], "data.subword_alpha must be in"),
+        (["data.subword_alpha=-0.1"], "data.subword_alpha must be in"),
+        (["data.subword_epochs=[3,1]"], "data.subword_epochs must be two epochs"),
+        (["data.subword_epochs=3"], "config data.subword_epochs: expected a list"),
+        (["data.subword_alpha=0.1", "data.spm_model_type=unigram"], "needs data.spm_model_type"),
+    ],
+)
+def test_bad_subword_settings_are_one_line_errors(overrides, match):
+    one_line_error(overrides, match)

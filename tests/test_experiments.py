@@ -209,11 +209,10 @@ def test_bench_masks_records_both_masks_memory_and_the_render_shows_it(tmp_path)
     assert "--quick" in section
 
 
-def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path):
-    out = tmp_path / "feed.json"
+def run_bench_feed(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     done = subprocess.run(
         [sys.executable, str(REPO / "experiments" / "bench_feed.py"), "--quick", "--threads", "1"]
-        + ["--json", str(out)],
+        + ["--json", str(out), *extra],
         cwd=REPO,
         env=child_env(),
         capture_output=True,
@@ -221,11 +220,23 @@ def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path
         timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    record = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+def test_bench_feed_times_the_trainer_loop_with_and_without_prefetching(tmp_path):
+    done, record = run_bench_feed(tmp_path / "feed.json")
     assert len(record["ratios"]) == record["rounds"] == 2
     assert set(record["ms_per_step"]) == {"prefetch 0", "prefetch 2"}
     assert all(ms > 0 for ms in record["ms_per_step"].values())
     assert f"{record['ratio_prefetch_2_over_0']:.3f} (median ratio)" in done.stdout
+
+
+def test_bench_feed_times_the_step_beside_subword_sampling(tmp_path):
+    done, record = run_bench_feed(tmp_path / "feed.json", "--subword-alpha", "0.1")
+    assert len(record["ratios"]) == record["rounds"] == 2
+    assert set(record["ms_per_step"]) == {"alone", "sampling beside"}
+    assert record["sample_epoch_s"] > 0 and record["pairs"] == 40
+    assert f"{record['ratio_sampling_over_alone']:.3f} (median ratio)" in done.stdout
 
 
 def test_train_all_keeps_finished_runs_and_resumes_killed_ones(tmp_path):

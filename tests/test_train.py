@@ -114,11 +114,21 @@ def test_loss_falls_well_below_the_start(tmp_path):
     assert (tmp_path / "run" / checkpoint.BEST_FILE).is_file()
 
 
-def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize(
+    "subwords",
+    # subword sampling with a vocabulary that has merges to drop (the default 308 has none)
+    [{}, {"data__subword_alpha": 0.2, "data__subword_epochs": "[0,1]", "data__vocab_size": 400}],
+    ids=["store", "subword-sampling"],
+)
+def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords):
     total = 26  # crosses two epoch ends (11 batches an epoch)
-    # with dropout rising from 0 to 0.3 over epoch 1: the schedule is resumed with the rest
+    # with dropout rising from 0 to 0.3 over epoch 1: the schedule is resumed with the rest;
+    # with subword sampling too, each epoch's pairs are sampled again from the seed
     ramp = {"model__dropout": 0.3, "train__early_dropout": 0.0, "train__dropout_epochs": "[1,2]"}
-    train(tiny_config(train__max_steps=total, **ramp), tmp_path / "straight", progress=False)
+    ramp |= subwords
+    whole = train(
+        tiny_config(train__max_steps=total, **ramp), tmp_path / "straight", progress=False
+    )
     # Interrupted twice, both times mid-epoch: step 7 of epoch 0 and step 5 of epoch 1.
     for stop, resume in ((7, False), (16, True), (total, True)):
         state = train(
@@ -128,7 +138,8 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path):
             progress=False,
         )
         assert state["step"] == stop
-    assert state["epoch"] == 2 and state["batch"] == 4
+    assert (state["epoch"], state["batch"]) == (whole["epoch"], whole["batch"])
+    assert subwords or (state["epoch"], state["batch"]) == (2, 4)
 
     straight, interrupted = (
         train_losses(tmp_path / "straight"),

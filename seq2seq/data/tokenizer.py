@@ -208,6 +208,15 @@ class Tokenizer:
             f"no tokenizer in {path}: expected {JOINT_FILE} or {SIDE_FILES['src']} + {SIDE_FILES['tgt']}"
         )
 
+    @staticmethod
+    def model_files(run_dir: Path) -> dict[str, Path]:
+        """The model file of each side in a run directory (one for both when joint)."""
+        joint = Path(run_dir) / JOINT_FILE
+        return {
+            side: joint if joint.is_file() else Path(run_dir) / SIDE_FILES[side]
+            for side in SIDE_FILES
+        }
+
     def _model(self, side: str) -> spm.SentencePieceProcessor:
         try:
             return self._models[side]

@@ -58,7 +58,8 @@ SCORES_GLOB = "hyps.*"  # `seq2seq evaluate`'s hypotheses and scores
 # `seq2seq average -o NAME.safetensors`, kept in the run because a weights file loads with its
 # run's config and tokenizer: never the new run's.
 WEIGHTS_GLOB = "*.safetensors"
-RUN_DIRS = ("attention", "tensorboard", "data", KEPT_DIR)  # data: the tokenized corpus
+RUN_DIRS = ("attention", "tensorboard", "data", "subword", KEPT_DIR)  # data: the tokenized
+# corpus; subword: its sampled segmentations (seq2seq.data.subword)
 # What a resumed run may take from its command line (budgets, stopping, logging, hardware);
 # the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
 RESUME_BUDGETS = (

@@ -24,8 +24,11 @@ import torch.distributed as dist
 from torch import nn
 from tqdm import tqdm
 
-from seq2seq.config import Config, TrainConfig, dropout_at
+from seq2seq.config import Config, TrainConfig, dropout_at, subword_alpha_at
 from seq2seq.data.batching import Batch, Prefetcher, TokenBatchSampler, collate
+from seq2seq.data.store import PairStore
+from seq2seq.data.subword import SAMPLED_DIR, EpochSampler
+from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model.transformer import build_model
@@ -95,6 +98,19 @@ def describe_dropout(config: Config) -> str:
     if early is None or early == full:
         return f"dropout: {full:g} throughout"
     return f"dropout: {early:g} until epoch {start:g}, then rising to {full:g} at epoch {end:g}"
+
+
+def describe_subwords(config: Config) -> str | None:
+    """Subword regularisation in one line, when it is on."""
+    alpha, (start, end) = config.data.subword_alpha, config.data.subword_epochs
+    if not alpha:
+        return None
+    if start == end:
+        return f"subwords: BPE-dropout {alpha:g} from epoch {start:g} (training pairs only)"
+    return (
+        f"subwords: the store's segmentation until epoch {start:g}, then BPE-dropout rising "
+        f"to {alpha:g} at epoch {end:g} (training pairs only)"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -212,10 +228,20 @@ class Trainer:
         self.forward, self.compile_errors = self.ddp, ()
         if wants_compile(t.compile, device):
             self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
-        train_pairs = self.data.train  # lengths + 1: EOS (and BOS) included
-        self.sampler = TokenBatchSampler(
-            train_pairs.src_lengths + 1, train_pairs.tgt_lengths + 1, config.data.max_tokens, t.seed
-        )
+        self.use_pairs(self.data.train)
+        self.subwords = None  # the epochs' sampled segmentations, when data.subword_alpha is set
+        if config.data.subword_alpha:
+            directory = run_dir / SAMPLED_DIR
+            if runtime.world > 1:  # every rank samples the same pairs, each into its own folder
+                directory = directory / f"rank_{runtime.rank}"
+            self.subwords = EpochSampler(
+                self.data.train,
+                Tokenizer.model_files(run_dir),
+                lambda epoch: subword_alpha_at(config, epoch),
+                t.seed,
+                config.data.max_len,
+                directory,
+            )
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
         )
@@ -230,6 +256,8 @@ class Trainer:
         self.say(self.describe(resume))
         self.say(config.train.budgets())
         self.say(describe_dropout(config))
+        if describe_subwords(config):
+            self.say(describe_subwords(config))
 
     def describe(self, resume: bool) -> str:
         summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
@@ -243,6 +271,16 @@ class Trainer:
             + f"{self.config.data.max_tokens} tokens"
             + ("; torch.compile" if self.compile_errors else "")
             + (f"; resuming at step {self.state.step}" if resume else "")
+        )
+
+    def use_pairs(self, pairs: PairStore) -> None:
+        """Train on ``pairs`` (the store, or an epoch's sampled segmentation of it)."""
+        self.train_pairs = pairs  # lengths + 1: EOS (and BOS) included
+        self.sampler = TokenBatchSampler(
+            pairs.src_lengths + 1,
+            pairs.tgt_lengths + 1,
+            self.config.data.max_tokens,
+            self.config.train.seed,
         )
 
     def batches_per_step(self) -> int:
@@ -263,7 +301,7 @@ class Trainer:
             return agree(self.runtime, s)
         s.finished = False
         self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
-        with self.signals:
+        with self.signals, self.subwords or contextlib.nullcontext():
             while s.stop_reason is None and s.epoch < t.max_epochs:
                 self.train_epoch()
                 self.save()
@@ -287,6 +325,8 @@ class Trainer:
 
     def train_epoch(self) -> None:
         s, t = self.state, self.config.train
+        if self.subwords is not None:
+            self.use_pairs(self.subwords.pairs(s.epoch))
         batches = self.sampler.batches(s.epoch)
         bar = tqdm(
             total=len(batches),
@@ -338,7 +378,7 @@ class Trainer:
         mine = group[self.runtime.rank :: self.runtime.world]
         weighted = [(idx, 1.0) for idx in mine] or [(group[0], 0.0)]
         pin = self.runtime.device.type == "cuda"
-        return [(collate(*self.data.train.pairs(idx)).pinned(pin), w) for idx, w in weighted]
+        return [(collate(*self.train_pairs.pairs(idx)).pinned(pin), w) for idx, w in weighted]
 
     def train_step(
         self, group: list[np.ndarray], mine: list[tuple[Batch, float]]
