@@ -2,8 +2,11 @@
 for sentences the explorer cannot show, and two inline explorers on one page in Chromium,
 each stepping and toggling on its own, with no request made."""
 
+import base64
 import html
+import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -58,6 +61,16 @@ def test_heatmap_is_a_figure_of_a_panel_per_layer(dog, tmp_path):
     assert [len(f.axes[0].images) for f in (fig, one)] == [N_LAYERS, 1]  # a map a panel
     with pytest.raises(seq2seq.Seq2SeqError, match="layers 1..2"):
         dog.heatmap(layer=3)
+
+
+def test_in_ipython_the_heatmap_displays_as_a_picture(dog):
+    shell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell.instance()
+    try:
+        shown, _ = shell.display_formatter.format(dog.heatmap())
+    finally:
+        shell.clear_instance()
+    png = shown["image/png"]
+    assert (base64.b64decode(png) if isinstance(png, str) else png)[:4] == b"\x89PNG"
 
 
 def test_an_intervention_shows_the_translation_before_and_after(run, dog):
@@ -144,3 +157,19 @@ def test_two_inline_explorers_step_and_toggle_on_their_own_and_fetch_nothing(
     heights = page.eval_on_selector_all("iframe", "fs => fs.map(f => f.offsetHeight)")
     assert all(h > 300 for h in heights)  # each frame fits its page
     assert requests == [page_file.as_uri()]
+
+
+def test_the_latency_quoted_in_the_python_api_is_its_record():
+    repo = Path(__file__).resolve().parents[1]
+    record = json.loads((repo / "experiments/notebook/latency.json").read_text(encoding="utf-8"))
+    page = (repo / "docs/python_api.md").read_text(encoding="utf-8")
+    quoted = page.split("<!-- notebook-latency -->")[1].split("<!-- /notebook-latency -->")[0]
+    quoted = " ".join(quoted.split())
+    for figure in (
+        f"{record['cold_s']:.1f} s",
+        f"{record['warm_s']:.1f} s",
+        f"{record['html_bytes'] / 1000:.0f} kB",
+        f"{record['threads']} threads",
+    ):
+        assert figure in quoted, figure
+    assert "untrained" in quoted and "not from an idle machine" in quoted

@@ -106,6 +106,19 @@ class LoadedRun:
         return Inspection(self, sentence, record, _stop_message(record), options)
 
 
+def _draw_figures_inline() -> None:
+    """In IPython, show a bare ``Figure`` (no pyplot, so no ``%matplotlib inline`` hook) as
+    a PNG, as ``%matplotlib inline`` would; elsewhere nothing."""
+    try:
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+    except ImportError:  # not a notebook
+        return
+    shell = get_ipython()
+    if shell is not None:
+        select_figure_formats(shell, {"png"})
+
+
 def _unshowable(translator: Translator, sentence: str) -> str | None:
     """Why the explorer cannot show ``sentence``, or None."""
     if not sentence.strip():
@@ -185,6 +198,7 @@ class Inspection:
         alone, from 1), averaged over heads, or one ``head`` (from 1), or ``"all"``."""
         r = self._shown()
         layers, heads = report._selection(layer or "all", head, r["shape"][:2])
+        _draw_figures_inline()
         return attention_figure(
             r["weights"], r["src_tokens"], r["tgt_tokens"], layers=layers, heads=heads,
             title=report.page_title([r]), note=r["word_level"] or "",
