@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from seq2seq.drawing.plotting import plot_attention
     from seq2seq.drawing.words import WORDS_NOTE, merge_words, words_of
     from seq2seq.errors import Seq2SeqError
+    from seq2seq.inspect.notebook import Inspection, InterventionResult, LoadedRun, load
+    from seq2seq.training.entry import train_run as train
     from seq2seq.vocab import EOS_ID
 
 __all__ = [
@@ -38,13 +40,18 @@ __all__ = [
     "WORDS_NOTE",
     "Config",
     "DecodeConfig",
+    "Inspection",
+    "InterventionResult",
+    "LoadedRun",
     "Seq2SeqError",
     "Translation",
     "Translator",
     "__version__",
+    "load",
     "merge_words",
     "plot_attention",
     "score",
+    "train",
     "words_of",
 ]
 
@@ -61,6 +68,12 @@ def __getattr__(name: str):
         from seq2seq.drawing import plotting as module
     elif name in ("WORDS_NOTE", "merge_words", "words_of"):
         from seq2seq.drawing import words as module
+    elif name in ("Inspection", "InterventionResult", "LoadedRun", "load"):
+        from seq2seq.inspect import notebook as module
+    elif name == "train":
+        from seq2seq.training.entry import train_run
+
+        return train_run
     elif name == "Seq2SeqError":
         from seq2seq import errors as module
     elif name == "EOS_ID":

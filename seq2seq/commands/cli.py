@@ -196,10 +196,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from seq2seq.config import config_from_dict, given_values
-    from seq2seq.run import checkpoint
     from seq2seq.run.runtime import leave_process_group
-    from seq2seq.training.trainer import say, train
+    from seq2seq.training.entry import train_run
 
     flags = {
         "data.data": args.data,
@@ -215,15 +213,10 @@ def _run_train(args: argparse.Namespace) -> int:
         "train.precision": "fp32" if args.fp32 else None,
     }
     overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
-    given = given_values(args.config, overrides)
-    config = config_from_dict(given)  # checks every value given, on --resume too
-    if args.resume and (args.out / checkpoint.CONFIG_FILE).is_file():
-        config, ignored = checkpoint.resume_config(args.out, given)
-        if ignored:
-            say(f"note: --resume keeps the run's recipe; ignored: {', '.join(ignored)}")
-    state = train(
-        config,
+    state = train_run(
         args.out,
+        args.config,
+        overrides,
         resume=args.resume,
         overwrite=args.overwrite,
         tensorboard=args.tensorboard,

@@ -368,23 +368,48 @@ def plot_attention(
     fmt: str | None = None,
     note: str = "",
 ) -> Path:
-    """Draw cross-attention heatmaps to a PNG or SVG file and return its path.
+    """Draw cross-attention heatmaps (``attention_figure``) to a PNG or SVG file and return
+    its path. The format comes from ``fmt`` or the path's suffix.
+    """
+    path = Path(path)
+    fmt = (fmt or path.suffix.lstrip(".")).lower()
+    if fmt not in ("png", "svg"):
+        raise ValueError(f"format must be png or svg, got {fmt!r} (from fmt= or the suffix)")
+    fig = attention_figure(
+        weights, src_tokens, tgt_tokens, layers=layers, heads=heads, title=title, dpi=dpi, note=note
+    )
+    with atomic_path(path) as tmp:
+        # zlib level 1: a tenth of the default's time on these mostly flat images, for
+        # files about a third larger.
+        options = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=fig.bbox_inches, **options)
+    return path
+
+
+def attention_figure(
+    weights: np.ndarray,
+    src_tokens: Sequence[str],
+    tgt_tokens: Sequence[str],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: HeadSelection = "mean",
+    title: str = "",
+    dpi: int = 100,
+    note: str = "",
+) -> Figure:
+    """Cross-attention heatmaps as a matplotlib ``Figure`` (Agg canvas, no pyplot).
 
     ``layers`` picks layer numbers (1-based; None = all). ``heads="mean"`` draws one
     panel per layer, averaged over heads; an int draws that head (1-based) of each layer;
     ``"all"`` draws a grid, a row per layer, a column per head plus a head-mean column.
     Every panel uses the same 0-1 colour scale, shown once by the colour bar at the top.
     Beside each map: the entropy (bits), EOS mass and punctuation mass of each labelled
-    row. The format comes from ``fmt`` or the path's suffix. Size: see ``figure_size``.
+    row. Size: see ``figure_size``.
     ``note`` (e.g. how subwords were merged into words) follows the caption.
 
     Shapes:
         weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
     """
-    path = Path(path)
-    fmt = (fmt or path.suffix.lstrip(".")).lower()
-    if fmt not in ("png", "svg"):
-        raise ValueError(f"format must be png or svg, got {fmt!r} (from fmt= or the suffix)")
     w = _check_weights(weights, src_tokens, tgt_tokens)
     panels = select_maps(w, layers, heads)
     tq, tk = w.shape[2:]
@@ -424,13 +449,7 @@ def plot_attention(
     caption_in = _CAPTION_IN + (_NOTE_IN if note else 0.0)
     canvas.text(fig_w / 2, fig_h - caption_in / 2, caption, ha="center", va="center",
                 fontsize=8, color="0.25")  # fmt: skip
-
-    with atomic_path(path) as tmp:
-        # zlib level 1: a tenth of the default's time on these mostly flat images, for
-        # files about a third larger.
-        options = {"pil_kwargs": {"compress_level": 1}} if fmt == "png" else {}
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=fig.bbox_inches, **options)
-    return path
+    return fig
 
 
 # --- JSON --------------------------------------------------------------------------------

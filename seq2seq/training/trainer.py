@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from tqdm import tqdm
+from tqdm.auto import tqdm  # a widget in a notebook with ipywidgets, else text
 
 from seq2seq.config import Config, TrainConfig, dropout_at, subword_alpha_at
 from seq2seq.data.batching import Batch, Prefetcher, TokenBatchSampler, collate

@@ -523,7 +523,8 @@ window.onerror = function (message) {
     document.body.removeAttribute("data-spec");
     Object.entries(attrs).forEach(([k, v]) => document.body.setAttribute("data-" + k, v));
     const hash = Object.entries(attrs).map(([k, v]) => k + "=" + v).join("&");
-    history.replaceState(null, "", "#" + hash);
+    // Inside a frame's srcdoc (a notebook's output) the page has no URL of its own to write.
+    if (location.href !== "about:srcdoc") history.replaceState(null, "", "#" + hash);
   }
 
   function setState(changes) {
