@@ -19,8 +19,14 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     """With pytest-xdist installed and no ``-n`` given: ``-n auto --dist loadfile``, each test
     file whole on one worker (its module fixtures built once); on 2 cores the suite takes
     half the time. ``-n 0`` runs it in this process, as plain pytest does without xdist.
-    Runs before xdist's own hook of the same name, which turns ``-n`` into workers."""
-    if config.pluginmanager.hasplugin("xdist") and config.option.numprocesses is None:
+    Runs before xdist's own hook of the same name, which turns ``-n`` into workers; not in a
+    worker (``PYTEST_XDIST_WORKER``), which would start workers of its own, and they theirs."""
+    worker = "PYTEST_XDIST_WORKER" in os.environ
+    if (
+        config.pluginmanager.hasplugin("xdist")
+        and config.option.numprocesses is None
+        and not worker
+    ):
         config.option.numprocesses = "auto"
         if config.option.dist == "no":
             config.option.dist = "loadfile"

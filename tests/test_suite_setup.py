@@ -121,3 +121,25 @@ def test_every_process_the_tests_start_gets_the_child_environment():
         if "**os.environ" in p.read_text() and p.name not in ("helpers.py", "test_suite_setup.py")
     ]
     assert not spread, f"environments built apart from helpers.child_env: {spread}"
+
+
+def test_an_xdist_worker_starts_no_workers_of_its_own(monkeypatch):
+    """The hook that turns plain ``pytest`` into ``-n auto`` runs in xdist's workers too: there
+    it must leave ``-n`` alone, or each worker starts workers, and they theirs."""
+    import conftest
+
+    class Option:
+        numprocesses = None
+        dist = "no"
+
+    class Config:
+        option = Option()
+        pluginmanager = type("PM", (), {"hasplugin": staticmethod(lambda name: True)})()
+
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    conftest.pytest_cmdline_main(Config)
+    assert (Config.option.numprocesses, Config.option.dist) == ("auto", "loadfile")
+    Config.option.numprocesses, Config.option.dist = None, "no"
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    conftest.pytest_cmdline_main(Config)
+    assert Config.option.numprocesses is None
