@@ -357,7 +357,7 @@ def write_record(
         "command": ["python", *sys.argv],
         "environment": {
             **machine(),
-            "device": args.device,
+            "device": getattr(args, "device", "cpu"),
             **accelerator(torch.device(args.device)),
         },
         "data": source,

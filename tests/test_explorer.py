@@ -266,7 +266,7 @@ def test_page_is_self_contained_and_tokens_stay_text(browser, tmp_path):
 
 
 def test_template_ships_as_package_data():
-    folder = resources.files("seq2seq").joinpath("templates")
+    folder = resources.files("seq2seq.inspect").joinpath("templates")
     assert all(folder.joinpath(f"explorer.{ext}").is_file() for ext in ("html", "css", "js"))
 
 

@@ -125,7 +125,7 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_an
     found = json.loads(probe.stdout)
     assert Path(found["package"]).is_relative_to(site)
     assert not any(p and Path(p).resolve() == REPO for p in found["path"])
-    assert str(site / "seq2seq" / "data" / "multi30k") in found["default"]
+    assert str(site / "seq2seq" / "data" / "shipped" / "multi30k") in found["default"]
     assert found["pairs"] == {"train": 29000, "validation": 1014, "test": 1000}
     assert found["sample"] == 40
 

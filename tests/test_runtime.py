@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from helpers import child_env
 
 from seq2seq.run import runtime
 from seq2seq.run.runlog import write_environment
@@ -49,7 +50,7 @@ def two_ranks(tmp_path_factory) -> subprocess.CompletedProcess:
         pytest.skip("torch.distributed with the gloo backend is not available in this torch build")
     script = tmp_path_factory.mktemp("job") / "job.py"
     script.write_text(JOB)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    env = child_env(PYTHONPATH=f"{REPO}:{REPO / 'tests'}")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     return subprocess.run(
         [*command, str(script)], env=env, capture_output=True, text=True, timeout=300

@@ -116,7 +116,7 @@ def test_stream_writes_each_chunk_before_reading_on(translator):
     out = Out()
     n = translator.translate_stream(source(), out, DecodeConfig(max_tokens=24), chunk_lines=3)
     assert n == len(lines)
-    assert out.read_at_flush == [3, 6, 9, 12, 14]  # bounded memory: a chunk at a time
+    assert out.read_at_flush == [*range(3, len(lines), 3), len(lines)]  # a chunk at a time
     expected = format_translations(translator.translate(lines, DecodeConfig()), 0, False)
     assert out.getvalue() == expected
     assert out.getvalue().count("\n") == len(lines)
@@ -127,7 +127,8 @@ def test_ban_eos_runs_every_output_to_max_len(translator, beam):
     decode = DecodeConfig(beam=beam, ban_eos=True, max_len_a=0.5, max_len_b=3, max_tokens=24)
     results = translator.translate(SENTENCES, decode)
     for line, hyps in zip(SENTENCES, results, strict=True):
-        if not line.strip():
+        if not line.strip() or hyps[0].src_len == 0:  # blank, or no subwords: nothing to decode
+            assert hyps[0].stop_reason == "empty"
             continue
         max_len = max_output_length(hyps[0].src_len, 0.5, 3, translator.model.config.max_positions)
         assert len(hyps[0].tokens) == max_len

@@ -59,9 +59,9 @@ def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
     except RuntimeError as e:  # e.g. a Python version that dynamo does not support yet
         raise failure(e) from None
 
-    def call(*args: object) -> object:
+    def call(*args: object, **kwargs: object) -> object:
         with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
-            return forward(*args)
+            return forward(*args, **kwargs)
 
     return call
 
