@@ -358,7 +358,7 @@ def write_record(
         "environment": {
             **machine(),
             "device": getattr(args, "device", "cpu"),
-            **accelerator(torch.device(args.device)),
+            **accelerator(torch.device(getattr(args, "device", "cpu"))),
         },
         "data": source,
         "max_tokens": config.data.max_tokens,
