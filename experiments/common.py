@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from matplotlib.figure import Figure
 from seq2seq.config import Config, DataConfig, TrainConfig
 from seq2seq.data.corpora import load_corpus
 from seq2seq.run import checkpoint
+from seq2seq.run.runtime import usable_cpus
 from seq2seq.training.trainer import train
 
 DPI = 80
@@ -69,13 +69,13 @@ def add_training_args(p: argparse.ArgumentParser, runs: str) -> None:
     p.add_argument(
         "--train-threads",
         type=int,
-        help="torch threads per model in training (default: the CPUs divided by --jobs)",
+        help="torch threads per model in training (default: the usable CPUs, within a CPU quota, divided by --jobs)",
     )
 
 
 def train_threads(args: argparse.Namespace) -> int:
     """``--train-threads``, else the CPUs shared out among the ``--jobs`` trained at once."""
-    return args.train_threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    return args.train_threads or max(1, usable_cpus() // args.jobs)
 
 
 def output_dir(p: argparse.ArgumentParser, out: str | None, quick: bool, here: Path) -> Path:

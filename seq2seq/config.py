@@ -345,9 +345,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
 def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, Any]:
     """What the YAML file and the ``--set`` overrides set, nested by section; no defaults.
 
-    ``dropout_rule`` reads the file and the overrides apart: a ``model.dropout`` set on the
-    command line holds from the first step even over a file that schedules it (a run's saved
-    ``config.yaml`` always does), unless the command line sets ``train.early_dropout`` too."""
+    ``dropout_rule`` and ``budget_rule`` read the file and the overrides apart: a
+    ``model.dropout`` set on the command line holds from the first step even over a file that
+    schedules it (a run's saved ``config.yaml`` always does), unless the command line sets
+    ``train.early_dropout`` too; a step or epoch budget on the command line is the budget
+    even over a file's ``train.max_time`` (a saved ``config.yaml`` holds one), unless the
+    command line sets ``train.max_time`` too."""
     values: dict[str, Any] = {}
     if path is not None:
         try:
@@ -361,11 +364,11 @@ def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> d
         values = loaded or {}
         if not isinstance(values, dict):
             raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
-        values = dropout_rule(values)
+        values = dropout_rule(budget_rule(values))
     given: dict[str, Any] = {}
     for text in overrides:
         given = _merge(given, parse_override(text))
-    return _merge(values, dropout_rule(given))
+    return _merge(values, dropout_rule(budget_rule(given)))
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:

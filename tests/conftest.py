@@ -9,7 +9,8 @@ import os
 
 import pytest
 import torch
-from helpers import usable_cpus
+
+from seq2seq.run.runtime import usable_cpus
 
 torch.set_num_threads(1)
 

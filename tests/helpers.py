@@ -1,6 +1,5 @@
 """Small builders shared by the test modules (pytest puts tests/ on sys.path)."""
 
-import math
 import os
 from pathlib import Path
 
@@ -19,36 +18,6 @@ def child_env(**extra: str) -> dict[str, str]:
     in a child would otherwise start one a core, beside the suite's other workers and
     jobs), then ``extra``."""
     return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
-
-
-CGROUP = Path("/sys/fs/cgroup")  # this container's cgroup, as a container sees it
-
-
-def cgroup_cpu_quota(cgroup: Path | None = None) -> float | None:
-    """The CPUs a cgroup's quota allows (quota / period: 1.5 for 150 ms in every 100 ms),
-    from cgroup v2's ``cpu.max`` or v1's ``cpu/cpu.cfs_quota_us``; None without a quota."""
-    cgroup = cgroup or CGROUP
-    v2, v1 = cgroup / "cpu.max", cgroup / "cpu"
-    try:
-        if v2.is_file():
-            quota, period = v2.read_text().split()
-        else:
-            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
-            period = (v1 / "cpu.cfs_period_us").read_text().strip()
-        if quota in ("max", "-1"):
-            return None
-        return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup files, or ones this does not read: no quota known
-        return None
-
-
-def usable_cpus(cgroup: Path | None = None) -> int:
-    """The CPUs this process may run on (its affinity), capped by the cgroup's quota rounded
-    down: a 2-CPU quota on a 64-core host is 2, not 64."""
-    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
-    cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup)
-    return min(cpus, max(1, math.floor(quota))) if quota else cpus
 
 
 def tiny_model(n_kv_heads=None, d_latent=None, seed=0, **overrides) -> Seq2Seq:

@@ -227,6 +227,28 @@ def test_a_given_dropout_holds_from_the_first_step_with_or_without_a_config_file
     assert dropout_at(load_config(alone, ["train.early_dropout=0.05"]), 0) == 0.05
 
 
+def test_a_given_step_budget_is_the_budget_with_or_without_a_config_file(tmp_path):
+    from seq2seq.run.checkpoint import save_config
+
+    save_config(tmp_path, load_config())  # a run's config.yaml: it holds the 30-minute budget
+    saved = tmp_path / "config.yaml"
+    assert load_config(saved).train.max_time == load_config().train.max_time == 30
+    for path in (None, saved):
+        config = load_config(path, ["train.max_steps=5000"])
+        assert (config.train.max_steps, config.train.max_time) == (5000, None), path
+        epochs = load_config(path, ["train.max_epochs=3"])
+        assert epochs.train.max_time is None, path
+        both = load_config(path, ["train.max_steps=5000", "train.max_time=60"])
+        assert (both.train.max_steps, both.train.max_time) == (5000, 60), path
+    alone = tmp_path / "alone.yaml"
+    alone.write_text("train:\n  max_steps: 800\n")  # a file's step budget alone holds too
+    assert load_config(alone).train.max_time is None
+    assert load_config(alone, ["train.max_time=10"]).train.max_time == 10
+    timed = tmp_path / "timed.yaml"
+    timed.write_text("train:\n  max_time: 45\n")  # a file's time budget, nothing on the line
+    assert load_config(timed).train.max_time == 45
+
+
 def test_subword_regularisation_is_off_by_default_and_follows_its_epochs():
     from seq2seq.config import subword_alpha_at
 

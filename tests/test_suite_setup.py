@@ -1,15 +1,20 @@
 """The suite on other machines: workers within the CPU quota, one thread a child process, and
-plain pytest without pytest-xdist (tests/conftest.py, tests/helpers.py)."""
+plain pytest without pytest-xdist (tests/conftest.py, tests/helpers.py); and the training
+threads sized by the same CPUs (seq2seq/run/runtime.py, experiments/common.py)."""
 
+import argparse
 import ast
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import helpers
 import pytest
-from helpers import cgroup_cpu_quota, child_env, usable_cpus
+import torch
+from helpers import child_env
+
+from seq2seq.run import runtime
+from seq2seq.run.runtime import cgroup_cpu_quota, usable_cpus
 
 TESTS = Path(__file__).resolve().parent
 SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on a loaded 2-core machine
@@ -61,8 +66,36 @@ def test_xdist_sizes_its_workers_by_the_usable_cpus(pytestconfig, monkeypatch, t
         pytest.skip("pytest-xdist is not installed or not loaded (-p no:xdist)")
     monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
-    monkeypatch.setattr(helpers, "CGROUP", write(tmp_path, {"cpu.max": "200000 100000\n"}))
+    monkeypatch.setattr(runtime, "CGROUP", write(tmp_path, {"cpu.max": "200000 100000\n"}))
     assert pytestconfig.hook.pytest_xdist_auto_num_workers(config=pytestconfig) == 2
+
+
+@pytest.fixture
+def quota_of_one_cpu_on_64_cores(monkeypatch, tmp_path):
+    """A container allowed 1 CPU on a 64-core host; torch's threads put back afterwards."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr(runtime, "CGROUP", write(tmp_path, {"cpu.max": "100000 100000\n"}))
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_training_threads_stay_within_the_cpu_quota(quota_of_one_cpu_on_64_cores, monkeypatch):
+    for name in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(4)  # torch's own default counts the host's cores
+    runtime.setup_runtime("cpu")
+    assert torch.get_num_threads() == 1
+    runtime.setup_runtime("cpu", threads=3)  # asked for: given
+    assert torch.get_num_threads() == 3
+
+
+def test_the_experiments_share_the_usable_cpus_among_their_jobs(quota_of_one_cpu_on_64_cores):
+    from experiments.common import train_threads
+
+    args = argparse.Namespace(train_threads=None, jobs=2)
+    assert train_threads(args) == 1  # not 64 // 2
+    assert train_threads(argparse.Namespace(train_threads=5, jobs=2)) == 5
 
 
 def test_the_suite_collects_without_xdist():

@@ -96,6 +96,9 @@ def test_columns_by_header_name(tmp_path, pairs):
         ("{tsv}", "1,4", "has no column '4' (line 1 has 3, and no header line)"),
         ("{tsv}", "english,french", "has no column 'english'"),
         ("{tsv}", "2,2", "--columns 2,2: give two different columns"),
+        # digits that are not ASCII (str.isdigit says yes to them, int() does not)
+        ("{tsv}", "\u00b2,1", "has no column '\u00b2' (line 1 has 3, and no header line)"),
+        ("{tsv}", "\u0661,2", "has no column '\u0661'"),
         ("sample", "1,2", "--columns applies to TSV corpora; --data sample is not"),
     ],
 )

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, whole_number
 
 LANG_CODE = re.compile(r"[a-z]{2,3}([_-][A-Za-z0-9]{2,4})?")
 
@@ -54,7 +54,11 @@ def tsv_layout(
             f"--columns {columns}: give two different columns, source first, each a position "
             "from 1 or a header name, e.g. --columns 1,2"
         )
-    header = first if _has_header(first, src, tgt, [w for w in wanted if not w.isdigit()]) else []
+    header = (
+        first
+        if _has_header(first, src, tgt, [w for w in wanted if whole_number(w) is None])
+        else []
+    )
     if not wanted and header:
         for lang in (src, tgt):
             if lang not in header:
@@ -63,8 +67,9 @@ def tsv_layout(
         wanted = [src, tgt]
 
     def index(column: str) -> int:
-        if column.isdigit() and 1 <= int(column) <= len(first):
-            return int(column) - 1
+        position = whole_number(column)
+        if position is not None and 1 <= position <= len(first):
+            return position - 1
         if column in header:
             return header.index(column)
         names = f"; its header: {', '.join(header)}" if header else ", and no header line"

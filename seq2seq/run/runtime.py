@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -23,6 +25,36 @@ Value = TypeVar("Value")
 # a corpus of millions of pairs can outlast NCCL's 10-minute default, which then aborts
 # the job; a rank 0 that fails ends the job sooner anyway (torchrun stops the others).
 PREPARE_TIMEOUT = timedelta(hours=12)
+
+
+CGROUP = Path("/sys/fs/cgroup")  # this container's cgroup, as a container sees it
+
+
+def cgroup_cpu_quota(cgroup: Path | None = None) -> float | None:
+    """The CPUs a cgroup's quota allows (quota / period: 1.5 for 150 ms in every 100 ms),
+    from cgroup v2's ``cpu.max`` or v1's ``cpu/cpu.cfs_quota_us``; None without a quota."""
+    cgroup = cgroup or CGROUP
+    v2, v1 = cgroup / "cpu.max", cgroup / "cpu"
+    try:
+        if v2.is_file():
+            quota, period = v2.read_text().split()
+        else:
+            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
+            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+        if quota in ("max", "-1"):
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):  # no cgroup files, or ones this does not read: no quota known
+        return None
+
+
+def usable_cpus(cgroup: Path | None = None) -> int:
+    """The CPUs this process may run on (its affinity), capped by the cgroup's quota rounded
+    down: a 2-CPU quota on a 64-core host is 2, not 64."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
+    cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup)
+    return min(cpus, max(1, math.floor(quota))) if quota else cpus
 
 
 @dataclass
@@ -63,7 +95,8 @@ def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
     ``cuda:N`` or ``mps``; one that is not there is a one-line error. Under ``torchrun``
     every rank takes the CUDA device of its local rank (nccl), bound before the process
     group, or shares the CPU (gloo). On any device ``threads`` sets torch's intra-op threads
-    (default under torchrun: the cores over the local ranks).
+    (default under torchrun: the usable CPUs over the local ranks; alone: torch's choice, at
+    most the usable CPUs, ``usable_cpus``).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -71,10 +104,14 @@ def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
     if dev.type == "cuda":  # bound before the process group: NCCL then uses it, not a guess
         torch.cuda.set_device(dev)
     # On every device: SentencePiece, the batches and the CPU side of a GPU run use these
-    # threads, and torchrun has set OMP_NUM_THREADS=1.
+    # threads, and torchrun has set OMP_NUM_THREADS=1. Torch's own default counts the host's
+    # cores: in a container with a CPU quota it is capped to the quota.
+    usable = usable_cpus()
     if threads or world > 1:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads or max(1, usable // local_world))
+    elif torch.get_num_threads() > usable:
+        torch.set_num_threads(usable)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **_device_id(dev))
     rank = dist.get_rank() if world > 1 else 0
