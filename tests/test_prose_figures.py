@@ -127,6 +127,19 @@ def allocators() -> list[str]:
     ]
 
 
+def subword_cost() -> list[str]:
+    from seq2seq.data.subword import _CHUNK
+
+    r = record("experiments/scale/bench_subword.json")
+    return [
+        f"{r['pairs']:,} pairs",
+        f"{r['sample_epoch_s']:.1f} s",
+        f"{r['ratio_sampling_over_alone']:.2f}×",
+        f"median of {r['rounds']}",
+        f"{_CHUNK:,} pairs at a time",
+    ]
+
+
 def cooldown() -> list[str]:
     return [f"{Config().train.cooldown:.0%}"]
 
@@ -162,6 +175,7 @@ SOURCES: dict[str, list[Source]] = {
     "docs/training.md": [
         ("experiments/scale/plateau.json", memory_plateau),
         ("experiments/scale/allocator_glibc_thresholds.json", allocators),
+        ("experiments/scale/bench_subword.json", subword_cost),
         (None, cooldown),
         (None, dropout_schedule),
     ],
