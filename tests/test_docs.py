@@ -561,13 +561,3 @@ def test_relative_links_lead_to_files(page):
 def test_no_figure_is_tied_to_a_machine_or_an_occasion(page):
     text = (REPO / page).read_text(encoding="utf-8")
     assert not re.search(r"\bVMs?\b|this session|earlier session|this machine's", text), page
-
-
-def test_the_readme_states_the_suite_time_its_record_measured():
-    """README's figure for the suite is the one ``experiments/suite/after.txt`` recorded: a
-    whole run of the README's test command, pytest's last line with it."""
-    summary = (REPO / "experiments" / "suite" / "after.txt").read_text().splitlines()[-1]
-    assert re.fullmatch(r".*\d+ passed.* in [\d.]+s \(\d+:\d\d:\d\d\)", summary), summary
-    minutes, seconds = divmod(round(float(re.search(r" in ([\d.]+)s ", summary)[1])), 60)
-    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
-    assert f"{minutes} min {seconds} s" in readme

@@ -58,9 +58,12 @@ Source = tuple[str | None, Callable[[], list[str]]]
 
 
 def suite_time() -> list[str]:
-    """README: the suite's time and the commit it was measured at, from its record."""
+    """README: the suite's time and the commit it was measured at, from its record (a whole
+    run of the README's test command in a fresh clone, pytest's last line with it)."""
     text = (REPO / "experiments/suite/after.txt").read_text(encoding="utf-8")
-    seconds = round(float(re.search(r" in ([\d.]+)s \(", text).group(1)))
+    summary = text.splitlines()[-1]
+    assert re.fullmatch(r".*\d+ passed.* in [\d.]+s \(\d+:\d\d:\d\d\)", summary), summary
+    seconds = round(float(re.search(r" in ([\d.]+)s \(", summary).group(1)))
     commit = re.search(r"fresh clone of commit (\w+)", text).group(1)
     return [f"{seconds // 60} min", f"{seconds % 60} s", commit]
 

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import random
 import statistics
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import sentencepiece as spm
+from helpers import child_env
 from test_train import SAMPLE, read_metrics, tiny_config
 
 from seq2seq.data.store import PairStore, read_manifest
-from seq2seq.data.subword import SAMPLED_DIR, BpeDropout, subword_rng, write_sampled_epoch
+from seq2seq.data.subword import (
+    SAMPLED_DIR,
+    BpeDropout,
+    EpochSampler,
+    subword_rng,
+    write_sampled_epoch,
+)
 from seq2seq.data.tokenizer import JOINT_FILE, Tokenizer
 from seq2seq.training.prepare import DATA_DIR
 from seq2seq.training.trainer import train
@@ -114,3 +123,19 @@ def test_off_before_its_epochs_trains_exactly_as_without_and_then_changes_the_ba
     assert read_manifest(stores[0])["valid"] == read_manifest(stores[1])["valid"]
     assert not (tmp_path / "plain" / SAMPLED_DIR).exists()
     assert [p.name for p in (tmp_path / "sampled" / SAMPLED_DIR).iterdir()] == ["epoch_1"]
+
+
+def test_a_run_that_stops_leaves_no_half_sampled_epoch(tmp_path):
+    """The next epoch's worker, stopped with the run, may have written part of its store: it
+    goes with the worker (a resumed run samples that epoch again), whatever the timing."""
+    directory = tmp_path / SAMPLED_DIR
+    sampler = EpochSampler(None, {}, lambda epoch: 0.1, 0, 100, directory)
+    (directory / "epoch_1").mkdir(parents=True)  # the current epoch's finished store
+    (directory / "epoch_2").mkdir()
+    (directory / "epoch_2" / "src_ids.bin").write_bytes(b"\0" * 64)  # written so far
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    sampler.workers[2] = subprocess.Popen(sleeper, env=child_env(), text=True)
+    with sampler:
+        pass
+    assert [p.name for p in directory.iterdir()] == ["epoch_1"]
+    assert sampler.workers == {}

@@ -220,10 +220,12 @@ class EpochSampler:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Stop any sampling still running: a run that has stopped needs no next epoch."""
-        for worker in self.workers.values():
+        """Stop any sampling still running: a run that has stopped needs no next epoch, and
+        what a stopped worker had written of it goes too (a resumed run samples it again)."""
+        for epoch, worker in self.workers.items():
             worker.kill()
             worker.communicate()
+            shutil.rmtree(self._epoch_dir(epoch), ignore_errors=True)
         self.workers.clear()
 
 
