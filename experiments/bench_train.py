@@ -157,10 +157,9 @@ class Flops:
         enc = count(
             p for n, p in named.items() if n.startswith(("encoder_layers.", "encoder_norm."))
         )
-        cross_kv = count(
-            p
-            for n, p in named.items()
-            if ".cross_attn." in n and any(k in n for k in ("k_proj", "v_proj", "kv_down"))
+        # Cross-attention's K|V rows of in_proj see source tokens, its Q rows target tokens.
+        cross_kv = sum(
+            p[c.d_model :].numel() for n, p in named.items() if ".cross_attn.in_proj." in n
         )
         dec = (
             count(p for n, p in named.items() if n.startswith(("decoder_layers.", "decoder_norm.")))
@@ -239,21 +238,27 @@ def bucketed(batch: Batch, multiple: int) -> Batch:
     return Batch(pad(batch.src), pad(batch.tgt_in), pad(batch.tgt_out), batch.n_tgt_tokens)
 
 
-def compiled_contestants(ours: nn.Module, reference: nn.Module) -> list[tuple[str, nn.Module, int]]:
-    """(name, model, bucket) for each compiled set-up; copies, so the eager models stay eager."""
+def compiled_contestants(
+    ours: nn.Module, reference: nn.Module, which: str = "all"
+) -> list[tuple[str, nn.Module, int]]:
+    """(name, model, bucket) for each compiled set-up; copies, so the eager models stay eager.
+    ``which="whole"``: ours and the reference compiled whole, dynamic, alone (minutes less)."""
     whole = torch.compile(copy.deepcopy(ours), dynamic=True)
+    ref = torch.compile(copy.deepcopy(reference), dynamic=True)
+    reference_name = "nn.Transformer, nested off, tgt padding mask on, compiled whole, dynamic"
+    if which == "whole":
+        return [("seq2seq, compiled whole, dynamic", whole, 0), (reference_name, ref, 0)]
     per_layer = copy.deepcopy(ours)
     for layer in [*per_layer.encoder_layers, *per_layer.decoder_layers]:
         layer.compile(dynamic=True)
     autotuned = torch.compile(copy.deepcopy(ours), mode="max-autotune-no-cudagraphs", dynamic=True)
     buckets = torch.compile(copy.deepcopy(ours))  # automatic dynamic shapes, the default
-    ref = torch.compile(copy.deepcopy(reference), dynamic=True)
     return [
         ("seq2seq, compiled whole, dynamic", whole, 0),
         ("seq2seq, compiled per layer, dynamic", per_layer, 0),
         ("seq2seq, compiled whole, max-autotune-no-cudagraphs", autotuned, 0),
         ("seq2seq, compiled whole, lengths in buckets of 16", buckets, 16),
-        ("nn.Transformer, nested off, tgt padding mask on, compiled whole, dynamic", ref, 0),
+        (reference_name, ref, 0),
     ]
 
 
@@ -271,6 +276,7 @@ class Trainee:
         self.step_times: list[float] = []
         self.flop_rates: list[float] = []
         self.losses: list[float] = []
+        self.ops = 0  # operators one step dispatches (ops_per_step)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns its wall time in seconds."""
@@ -301,6 +307,18 @@ KINDS = {
     "casts and copies": ("copy_", "to_copy", "clone", "contiguous"),
     "fills and zeros": ("fill_", "zero_"),
 }
+
+
+def ops_per_step(trainee: Trainee, batch: Batch) -> int:
+    """Operators dispatched by one training step (torch.profiler's CPU events, on any
+    device): a measure of kernel launches that a CPU can take, where a GPU step that is
+    launch-bound spends its time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    trainee.step(batch)  # warm: lazy initialisation is not the step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainee.step(batch)
+    return sum(e.count for e in prof.key_averages() if not e.key.startswith("ProfilerStep"))
 
 
 def profile_step(trainee: Trainee, warmup: list[Batch], batches: list[Batch]) -> dict:
@@ -365,7 +383,9 @@ def write_record(
         "model_config": vars(config.model),
         "parameters": n_params,
         "threads": torch.get_num_threads(),
-        "precision": "bf16" if dtype else "fp32",
+        "precision": "bf16"
+        if dtype
+        else getattr(args, "precision", "fp32").replace("auto", "fp32"),
         **fields,
         "quick": args.quick,
     }
@@ -397,13 +417,20 @@ def main() -> None:
     )
     parser.add_argument(
         "--precision",
-        choices=("auto", "fp32", "bf16"),
+        choices=("auto", "fp32", "tf32", "bf16"),
         default="auto",
-        help="auto: what the trainer would use (bf16 only where native)",
+        help="auto: what the trainer would use (bf16 only where native); tf32: fp32 with "
+        "TensorFloat-32 matrix multiplies on CUDA",
     )
     parser.add_argument("--matmul-size", type=int, default=4096)
     parser.add_argument(
         "--compile", action="store_true", help="add torch.compile set-ups (minutes of compiling)"
+    )
+    parser.add_argument(
+        "--compiled",
+        choices=("all", "whole"),
+        default="all",
+        help="with --compile: every compiled set-up, or ours and the reference compiled whole",
     )
     parser.add_argument(
         "--compile-warmup",
@@ -436,8 +463,10 @@ def main() -> None:
     dtype = {
         "auto": autocast_dtype(config.train.precision, device),
         "fp32": None,
+        "tf32": None,
         "bf16": torch.bfloat16,
     }[args.precision]
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
 
     torch.manual_seed(0)
     ours = build_model(c).to(device)
@@ -465,7 +494,7 @@ def main() -> None:
         trainees.append(Trainee(name, Reference(c, False, True).to(device), config, None))
     if args.compile:
         reference = trainees[2].model  # nested off, tgt padding mask on, in the same precision
-        for name, model, bucket in compiled_contestants(ours, reference):
+        for name, model, bucket in compiled_contestants(ours, reference, args.compiled):
             trainees.append(Trainee(name, model, config, dtype, bucket))
     n_ours = count(ours.parameters())
     for trainee in trainees[1:]:  # the same architecture, so the same parameter count
@@ -494,6 +523,8 @@ def main() -> None:
             trainee.step(batch)
         trainee.warmup_seconds = time.perf_counter() - start
         print(f"warm-up {trainee.name}: {trainee.warmup_seconds:.1f} s", file=sys.stderr)
+    for trainee in trainees:
+        trainee.ops = ops_per_step(trainee, batches[0])
     timed = batches[args.warmup :]
     step_flops = [flops.training_step(b) for b in timed]
     for r in range(args.rounds):
@@ -526,6 +557,7 @@ def main() -> None:
                 "model_flops_per_s": statistics.median(trainee.flop_rates),
                 "final_loss": trainee.losses[-1],
                 "warmup_seconds": trainee.warmup_seconds,
+                "ops_per_step": trainee.ops,
             }
         )
     best_ref = max(
@@ -537,7 +569,7 @@ def main() -> None:
         key=lambda r: r["tokens_per_s"],
     )
     speedup = results[0]["tokens_per_s"] / best_ref["tokens_per_s"]
-    used = "bf16" if dtype else "fp32"
+    used = "bf16" if dtype else args.precision.replace("auto", "fp32")
 
     print("\n" + train_table(results, peaks))
     print(

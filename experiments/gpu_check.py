@@ -1,41 +1,41 @@
-"""Everything on a GPU in one command, under ten minutes: the device and precision found, the
-CUDA-marked tests, a short training and its resume, decoding equal to the CPU's on the
-trained model, bench_train eager and compiled, and a two-process torchrun job where two GPUs
-are present. Writes one JSON record.
+"""Everything on a GPU in one short call, inside a lent machine's minutes: the device and the
+kernels in force, the CUDA-marked tests, the README's main job for two minutes with its test
+BLEU (greedy and beam 5), decoding on the GPU against the CPU, and bench_train at the default
+shape (eager; compiled when time is left).
 
-    python experiments/gpu_check.py --json experiments/results/gpu-check/gpu_check.json
+Each stage runs in a child process of its own with a deadline; one that fails or runs out
+of time is recorded as such and the next stage goes on. The JSON record is rewritten after
+every stage, so whatever ran comes back even when the call is cut short; a one-screen
+summary ends the run.
+
+    PYTHONPATH=. python experiments/gpu_check.py --json OUT/gpu_check.json
     python experiments/gpu_check.py --cpu --json /tmp/gpu_check.json   # the plumbing, on CPU
 
-Without a GPU (and without ``--cpu``) it says so in one line and exits with status 2.
+It runs from a checkout on a GPU machine's own PyTorch; a stage that needs a package that
+is not installed there says so in its record. Without a GPU (and without ``--cpu``) it
+says so in one line and exits with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from seq2seq.config import load_config  # noqa: E402
-from seq2seq.decoding.translate import translate_ids  # noqa: E402
-from seq2seq.run.checkpoint import load_run  # noqa: E402
-from seq2seq.run.precision import autocast_dtype, describe_precision  # noqa: E402
-from seq2seq.run.runlog import accelerator, machine  # noqa: E402
-from seq2seq.training.trainer import train  # noqa: E402
-
-# A tiny model on the committed sample corpus: seconds a step on any device.
-TINY = [
-    f"data.data={REPO / 'data' / 'sample'}",
+TOTAL_SECONDS = 360  # the whole check: a lent machine's 15 minutes hold it and a rerun
+SAMPLE = REPO / "data" / "sample"
+# --cpu: the same stages on a tiny model and the committed sample corpus, in seconds.
+DRY_RUN = [
+    f"data.data={SAMPLE}",
     "data.vocab_size=200",
     "data.max_len=60",
     "data.max_tokens=160",
@@ -49,91 +49,301 @@ TINY = [
     "train.valid_bleu_sentences=4",
     "train.keep_last=0",
     "train.average_last=0",
+    "train.max_steps=20",
 ]
-STEPS = 20  # trained, then resumed for as many again
 
 
-def run(command: list[str], timeout: int) -> dict:
-    """A subprocess's exit status, seconds and last lines."""
+@dataclass
+class Stage:
+    """One step of the check: a command for a child process, its deadline in seconds, and
+    what to read back from its files when it succeeds."""
+
+    name: str
+    command: list[str]
+    deadline: int
+    read: Callable[[], dict] | None = None
+    needs: list[str] = field(default_factory=list)  # stages that must have passed first
+
+
+def run_stage(stage: Stage, left: float) -> dict:
+    """``stage`` in a child process, cut at its deadline or at the check's time ``left``."""
+    deadline = max(1, int(min(stage.deadline, left)))
     began = time.monotonic()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-    return {"rc": done.returncode, "seconds": round(time.monotonic() - began, 1), "tail": tail}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    try:
+        done = subprocess.run(
+            stage.command,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=deadline,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else e.stderr or ""
+        return {
+            "status": "timed out",
+            "deadline_s": deadline,
+            "seconds": round(time.monotonic() - began, 1),
+            "tail": (out + err).strip().splitlines()[-8:],
+        }
+    result = {
+        "status": "passed" if done.returncode == 0 else "failed",
+        "rc": done.returncode,
+        "deadline_s": deadline,
+        "seconds": round(time.monotonic() - began, 1),
+        "tail": (done.stdout + done.stderr).strip().splitlines()[-8:],
+    }
+    if done.returncode == 0 and stage.read is not None:
+        try:
+            result.update(stage.read())
+        except (OSError, ValueError, KeyError) as e:
+            result["status"] = "failed"
+            result["tail"].append(f"gpu_check: reading the stage's results: {e}")
+    return result
 
 
-def training_and_resume(device: str, out: Path) -> dict:
-    config = load_config(None, [*TINY, f"train.device={device}", f"train.max_steps={STEPS}"])
-    first = train(config, out, progress=False)
-    config = load_config(None, [*TINY, f"train.device={device}", f"train.max_steps={2 * STEPS}"])
-    resumed = train(config, out, resume=True, progress=False)
-    return {"steps": [first["step"], resumed["step"]], "best_bleu": resumed["best_bleu"]}
+def environment(device: str) -> dict:
+    """The machine, the accelerator, and the attention kernels the runtime turns on."""
+    import torch
+
+    from seq2seq.run.runlog import accelerator, machine
+    from seq2seq.run.runtime import setup_runtime
+
+    runtime = setup_runtime(device)
+    return {
+        **machine(),
+        "device": str(runtime.device),
+        **accelerator(runtime.device),
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+    }
 
 
-def decoding_on_both(run_dir: Path, device: torch.device) -> dict:
-    """Greedy and beam outputs of the trained model on ``device`` and on the CPU."""
+def decoding_stage(run_dir: Path, device: str, out: Path) -> None:
+    """Greedy and beam 4 outputs of the trained model on ``device`` and on the CPU."""
+    import dataclasses
+
+    import torch
+
+    from seq2seq.decoding.translate import translate_ids
+    from seq2seq.run.checkpoint import load_run
+    from seq2seq.run.runtime import setup_runtime
+
+    where = setup_runtime(device).device
     config, tokenizer, model = load_run(run_dir)
-    lines = (REPO / "data" / "sample" / f"valid.{config.data.src}").read_text().splitlines()
-    sentences = [tokenizer.encode(line, "src") for line in lines[:8]]
+    source = SAMPLE / f"valid.{config.data.src}"  # German sentences, for a de-en run
+    lines = source.read_text(encoding="utf-8").splitlines()[:16]
+    sentences = [tokenizer.encode(line, "src") for line in lines]
     found = {}
     for beam in (1, 4):
         decode = dataclasses.replace(config.decode, beam=beam, nbest=1)
         hyps = {}
-        for where in (torch.device("cpu"), device):
-            hyps[str(where)] = translate_ids(model.to(where), sentences, decode, device=where)
-        cpu, other = hyps["cpu"], hyps[str(device)]
+        for device_here in (torch.device("cpu"), where):
+            hyps[device_here.type] = translate_ids(
+                model.to(device_here), sentences, decode, device=device_here
+            )
+        cpu, other = hyps["cpu"], hyps[where.type]
         same = sum(a.tokens == b.tokens for a, b in zip(cpu, other, strict=True))
         gap = max(abs(a.score - b.score) for a, b in zip(cpu, other, strict=True))
         found[f"beam {beam}"] = {"same_outputs": same, "of": len(cpu), "max_score_gap": gap}
+    out.write_text(json.dumps(found, indent=2) + "\n")
+
+
+def scores(path: Path) -> dict:
+    record = json.loads(path.read_text())
+    keep = ("bleu", "bleu_lowercased_tokenized", "chrf", "sentences", "beam", "stop_reasons")
+    return {k: record[k] for k in keep if k in record}
+
+
+def stages(args: argparse.Namespace, scratch: Path) -> list[Stage]:
+    python, device = sys.executable, "cpu" if args.cpu else "cuda"
+    run = scratch / "main-job"
+    tiny = [x for s in DRY_RUN for x in ("--set", s)] if args.cpu else []
+    budget = ["--max-time", str(args.train_minutes)] if not args.cpu else []
+    train = [python, "-m", "seq2seq", "train", "--src", "de", "--tgt", "en", "--out", str(run)]
+    evaluate = [python, "-m", "seq2seq", "evaluate", str(run), "--split", "test"]
+    bench = [python, "experiments/bench_train.py", "--device", device, "--rounds", "3"]
+    bench += ["--quick"] if args.cpu else []
+    tests = [python, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider"]
+    tests += ["-o", "addopts=", "-m", "cuda", "tests/"]
+    me = [python, __file__, "--stage"]
+    train_deadline = 150 if args.cpu else int(args.train_minutes * 60) + 60
+    found = [
+        Stage("cuda tests", [*tests, *(["--collect-only"] if args.cpu else [])], 90),
+        Stage(
+            "main job",
+            [*train, "--device", device, "--no-progress", *budget, *tiny],
+            train_deadline,
+            read=lambda: {"metrics": training_summary(run)},
+        ),
+        Stage(
+            "test BLEU greedy",
+            [*evaluate, "--device", device, "--beam", "1", "-o", str(scratch / "greedy.txt")],
+            60,
+            read=lambda: scores(scratch / "greedy.json"),
+            needs=["main job"],
+        ),
+        Stage(
+            "test BLEU beam 5",
+            [*evaluate, "--device", device, "--beam", "5", "-o", str(scratch / "beam5.txt")],
+            60,
+            read=lambda: scores(scratch / "beam5.json"),
+            needs=["main job"],
+        ),
+        Stage(
+            "decoding GPU = CPU",
+            [
+                *me,
+                "decoding",
+                "--run",
+                str(run),
+                "--device",
+                device,
+                "--json",
+                str(scratch / "dec.json"),
+            ],
+            60,
+            read=lambda: json.loads((scratch / "dec.json").read_text()),
+            needs=["main job"],
+        ),
+        Stage(
+            "bench_train eager",
+            [*bench, "--json", str(scratch / "bench_eager.json")],
+            120,
+            read=lambda: bench_summary(scratch / "bench_eager.json"),
+        ),
+    ]
+    if not args.cpu:
+        found.append(
+            Stage(
+                "bench_train compiled",
+                [
+                    *bench,
+                    "--compile",
+                    "--compiled",
+                    "whole",
+                    "--json",
+                    str(scratch / "bench_c.json"),
+                ],
+                240,
+                read=lambda: bench_summary(scratch / "bench_c.json"),
+            )
+        )
+    if args.fail:
+        found.insert(
+            0, Stage(f"made to fail: {args.fail}", [python, "-c", "raise SystemExit(3)"], 10)
+        )
     return found
+
+
+def training_summary(run: Path) -> dict:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in rows if r.get("kind") == "valid"]
+    train = [r for r in rows if r.get("kind") == "train"]
+    rates = sorted(r["tokens_per_s"] for r in train if "tokens_per_s" in r)
+    return {
+        "steps": max((r["step"] for r in rows if "step" in r), default=0),
+        "best_valid_bleu": max((r["bleu"] for r in valid), default=None),
+        "median_tokens_per_s": rates[len(rates) // 2] if rates else None,
+        "cuda_peak_mb": max((r.get("cuda_peak_mb", 0) for r in rows), default=None),
+        "peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in rows), default=None),
+    }
+
+
+def bench_summary(path: Path) -> dict:
+    record = json.loads(path.read_text())
+    keep = ("model", "tokens_per_s", "ms_per_step", "ops_per_step", "warmup_seconds")
+    return {
+        "speedup_vs_best_reference": record["speedup_vs_best_reference"],
+        "precision": record["precision"],
+        "results": [{k: r[k] for k in keep if k in r} for r in record["results"]],
+    }
+
+
+def summary(record: dict) -> str:
+    lines = [
+        f"gpu_check on {record['environment'].get('gpu', record['environment'].get('device'))}"
+    ]
+    for name, result in record["stages"].items():
+        lines.append(f"  {name:24} {result['status']:10} {result.get('seconds', 0):6.1f} s")
+    job = record["stages"].get("main job", {}).get("metrics")
+    if job:
+        lines.append(
+            f"main job: {job['steps']} steps, best valid BLEU {job['best_valid_bleu']}, "
+            f"{job['median_tokens_per_s']} tokens/s"
+        )
+    for name in ("test BLEU greedy", "test BLEU beam 5"):
+        if "bleu" in record["stages"].get(name, {}):
+            lines.append(f"{name}: {record['stages'][name]['bleu']}")
+    for name in ("bench_train eager", "bench_train compiled"):
+        found = record["stages"].get(name, {})
+        if "speedup_vs_best_reference" in found:
+            lines.append(
+                f"{name}: ours / best nn.Transformer {found['speedup_vs_best_reference']:.2f}x"
+            )
+    lines.append(f"{record['seconds']:.0f} s in all")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true", help="dry run of the plumbing, on the CPU")
-    parser.add_argument("--json", type=Path, required=True, help="the record written")
+    parser.add_argument("--json", type=Path, required=True, help="the record, rewritten per stage")
+    parser.add_argument("--train-minutes", type=float, default=2.0)
+    parser.add_argument("--total", type=int, default=TOTAL_SECONDS, help="seconds for everything")
+    parser.add_argument("--fail", metavar="WHY", help="add a stage that fails (tests the plumbing)")
+    parser.add_argument("--stage", choices=["decoding"], help=argparse.SUPPRESS)
+    parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.stage == "decoding":
+        decoding_stage(args.run, args.device, args.json)
+        return 0
+    import torch
+
     if not (args.cpu or torch.cuda.is_available()):
         print(
             "gpu_check: no GPU is present here (--cpu runs its plumbing on the CPU)",
             file=sys.stderr,
         )
         return 2
-    device = torch.device("cpu" if args.cpu else "cuda")
-    dtype = autocast_dtype("bf16", device)
-    record = {
-        "dry_run_on_cpu": args.cpu,
-        "environment": {**machine(), "device": str(device), **accelerator(device)},
-        "precision": describe_precision("bf16", dtype, device),
-    }
-    python = sys.executable
-    tests = [python, "-m", "pytest", "-q", "-p", "no:xdist", "-o", "addopts=", "-m", "cuda"]
-    record["cuda_tests"] = run([*tests, *(["--collect-only"] if args.cpu else [])], 300)
+    began = time.monotonic()
+    record: dict = {"dry_run_on_cpu": args.cpu, "stages": {}}
+
+    def write() -> None:
+        record["seconds"] = round(time.monotonic() - began, 1)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+    try:
+        record["environment"] = environment("cpu" if args.cpu else "cuda")
+    except Exception as e:  # noqa: BLE001 -- recorded, and the stages go on
+        record["environment"] = {"error": f"{type(e).__name__}: {e}"}
+    write()
+    import tempfile
+
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        out = Path(scratch)
-        record["training"] = training_and_resume(str(device), out / "run")
-        record["decoding"] = decoding_on_both(out / "run", device)
-        bench = [python, "experiments/bench_train.py", "--quick", "--device", str(device)]
-        for name, extra in (("eager", []), ("compiled", ["--compile"])):
-            if args.cpu and extra:
-                record[f"bench_{name}"] = "skipped: compiling takes minutes on a CPU"
-                continue
-            result = run([*bench, *extra, "--json", str(out / f"bench_{name}.json")], 420)
-            if result["rc"] == 0:
-                result["results"] = json.loads((out / f"bench_{name}.json").read_text())["results"]
-            record[f"bench_{name}"] = result
-        if not args.cpu and torch.cuda.device_count() >= 2:
-            torchrun = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-            sets = [x for s in [*TINY, f"train.max_steps={STEPS}"] for x in ("--set", s)]
-            job = [*torchrun, "-m", "seq2seq", "train", "--out", str(out / "ddp"), *sets]
-            record["torchrun_two_gpus"] = run([*job, "--no-progress"], 300)
-        else:
-            record["torchrun_two_gpus"] = f"skipped: {torch.cuda.device_count()} GPU(s) here"
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"gpu_check: record written to {args.json}", file=sys.stderr)
+        for stage in stages(args, Path(scratch)):
+            left = args.total - (time.monotonic() - began)
+            missing = [
+                n for n in stage.needs if record["stages"].get(n, {}).get("status") != "passed"
+            ]
+            if missing:
+                result = {"status": "skipped", "why": f"needs {', '.join(missing)}"}
+            elif left < 5:
+                result = {"status": "skipped", "why": "no time left"}
+            else:
+                result = run_stage(stage, left)
+            record["stages"][stage.name] = result
+            write()
+            print(f"gpu_check: {stage.name}: {result['status']}", file=sys.stderr, flush=True)
+    write()
+    print(summary(record))
     return 0
 
 

@@ -123,6 +123,9 @@ class TrainConfig:
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
     # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)
     device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
+    # SDPA's kernels on CUDA: "auto" (flash, memory-efficient, math: no cuDNN, which plans
+    # anew for every batch shape) or "all" (torch's choice among all of them)
+    attention_kernels: str = "auto"
     # The weights of the last N validated states stay in checkpoints/ (7.6M parameters:
     # 30 MB each), and the run ends by averaging them, kept as model.safetensors only when
     # the average validates better than the best single state (fairseq/OpenNMT practice).
@@ -462,6 +465,10 @@ def _train_checks(t: TrainConfig) -> list[Check]:
             "train.accum_steps and train.max_epochs must be >= 1",
         ),
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
+        (
+            t.attention_kernels in ("auto", "all"),
+            "train.attention_kernels must be 'auto' or 'all'",
+        ),
         (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
         (
             re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", t.device) is not None,

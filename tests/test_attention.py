@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from seq2seq.model.attention import AttentionCache, MultiHeadAttention, check_rows
@@ -48,7 +49,9 @@ def test_weights_leave_the_output_as_the_fast_path_computes_it(g, mask_kind):
     if allowed is not None:
         assert (weights.masked_select(~allowed.expand_as(weights)) == 0).all()
     # The weights are those the output was computed with.
-    vh = attn.v_proj(kv).view(b, tk, g, D // H).transpose(1, 2)  # (B, G, Tk, Dh)
+    v_rows = slice(D + attn.d_kv, None)  # in_proj packs Q | K | V
+    vh = F.linear(kv, attn.in_proj.weight[v_rows], attn.in_proj.bias[v_rows])
+    vh = vh.view(b, tk, g, D // H).transpose(1, 2)  # (B, G, Tk, Dh)
     mixed = weights @ vh.repeat_interleave(H // g, dim=1)  # (B, H, Tq, Dh)
     expected = attn.out_proj(mixed.transpose(1, 2).reshape(b, tq, D))
     torch.testing.assert_close(slow, expected, atol=1e-5, rtol=1e-5)
@@ -76,7 +79,8 @@ def test_gqa_with_g_equal_h_is_mha_with_the_same_weights():
 @pytest.mark.parametrize("g", KV_HEADS)
 def test_kv_projections_hold_only_g_heads(g):
     attn = make(g)
-    assert attn.k_proj.out_features == attn.v_proj.out_features == g * (D // H)
+    assert attn.d_kv == g * (D // H)
+    assert attn.in_proj.out_features == D + 2 * attn.d_kv  # Q | K | V
 
 
 def test_query_heads_share_kv_heads_in_groups():
@@ -85,8 +89,9 @@ def test_query_heads_share_kv_heads_in_groups():
     q, kv = torch.randn(1, 3, D), torch.randn(1, 5, D)
     _, weights = attn(q, kv, kv, need_weights=True)
     dh = D // H
-    qh = attn.q_proj(q).view(1, 3, H, dh).transpose(1, 2)
-    kh = attn.k_proj(kv).view(1, 5, 2, dh).transpose(1, 2)
+    w, bias = attn.in_proj.weight, attn.in_proj.bias
+    qh = F.linear(q, w[:D], bias[:D]).view(1, 3, H, dh).transpose(1, 2)
+    kh = F.linear(kv, w[D : D + 2 * dh], bias[D : D + 2 * dh]).view(1, 5, 2, dh).transpose(1, 2)
     for head in range(H):
         expected = (qh[:, head] @ kh[:, head // 2].transpose(-2, -1) / dh**0.5).softmax(-1)
         torch.testing.assert_close(weights[:, head], expected)
@@ -96,10 +101,8 @@ def test_matches_torch_multihead_attention():
     ours = make(None)
     ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
     with torch.no_grad():
-        ref.in_proj_weight.copy_(
-            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
-        )
-        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.in_proj_weight.copy_(ours.in_proj.weight)  # packed Q | K | V, as ours
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
         ref.out_proj.load_state_dict(ours.out_proj.state_dict())
     q, kv = torch.randn(2, 4, D), torch.randn(2, 6, D)
     allowed = torch.rand(4, 6) > 0.5
@@ -282,3 +285,53 @@ def test_static_cache_shared_by_beams_equals_repeated_keys():
     again, _ = attn(q, memory, memory, pad, cache=cache)  # reused, not recomputed
     torch.testing.assert_close(again, expected, atol=1e-5, rtol=1e-5)
     assert cache.k.shape[0] == b
+
+
+@pytest.mark.parametrize("g", KV_HEADS)
+def test_self_attention_in_one_projection_equals_q_k_v_projected_apart(g):
+    # The same input object three times takes one matrix multiply; equal copies, three.
+    attn = make(g)
+    x = torch.randn(2, 6, D)
+    packed, w_packed = attn(x, x, x, need_weights=True)
+    apart, w_apart = attn(x, x.clone(), x.clone(), need_weights=True)
+    torch.testing.assert_close(packed, apart, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(w_packed, w_apart, atol=1e-6, rtol=1e-6)
+    k, v = torch.randn(2, 4, D), torch.randn(2, 4, D)  # keys and values from other inputs
+    ref = nn.MultiheadAttention(D, H, batch_first=True).eval() if g in (None, H) else None
+    if ref is not None:
+        with torch.no_grad():
+            ref.in_proj_weight.copy_(attn.in_proj.weight)
+            ref.in_proj_bias.copy_(attn.in_proj.bias)
+            ref.out_proj.load_state_dict(attn.out_proj.state_dict())
+        torch.testing.assert_close(attn(x, k, v)[0], ref(x, k, v)[0], atol=1e-5, rtol=1e-5)
+
+
+def test_weights_saved_before_packing_load_into_the_packed_projection():
+    from seq2seq.model.attention import packed_state
+
+    new = make(2, seed=3)
+    w, b, dkv = new.in_proj.weight, new.in_proj.bias, new.d_kv
+    old = {"out_proj.weight": new.out_proj.weight, "out_proj.bias": new.out_proj.bias}
+    for name, rows in (("q_proj", slice(0, D)), ("k_proj", slice(D, D + dkv))):
+        old[f"{name}.weight"], old[f"{name}.bias"] = w[rows], b[rows]
+    old["v_proj.weight"], old["v_proj.bias"] = w[D + dkv :], b[D + dkv :]
+    loaded = make(2, seed=4)
+    loaded.load_state_dict(packed_state({f"{k}": v.detach() for k, v in old.items()}))
+    x = torch.randn(1, 5, D)
+    assert torch.equal(loaded(x, x, x)[0], new(x, x, x)[0])
+
+
+def test_edit_weights_replaces_the_weights_the_values_are_read_with():
+    attn = make(2)
+    q, kv = torch.randn(2, 3, D), torch.randn(2, 5, D)
+    real, w = attn(q, kv, kv, need_weights=True)
+    attn.edit_weights = lambda weights, allowed: weights  # the identity: the same output
+    kept, w_kept = attn(q, kv, kv, need_weights=True)
+    torch.testing.assert_close(kept, real, atol=1e-5, rtol=1e-5)
+    assert torch.equal(w_kept, w)
+    first = torch.zeros_like(w)
+    first[..., 0] = 1.0
+    attn.edit_weights = lambda weights, allowed: first  # every query reads key 0 alone
+    only_first, _ = attn(q, kv, kv)
+    expected, _ = attn(q, kv[:, :1].expand(2, 5, D), kv[:, :1].expand(2, 5, D))
+    torch.testing.assert_close(only_first, expected, atol=1e-5, rtol=1e-5)

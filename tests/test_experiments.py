@@ -273,3 +273,32 @@ def test_gpu_check_without_a_gpu_says_so_in_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "no GPU is present" in done.stderr and not (tmp_path / "record.json").exists()
+
+
+def test_gpu_check_dry_run_records_a_failing_stage_and_goes_on_within_its_time(tmp_path):
+    # A stage made to fail, and a total too short for the rest: each is recorded, the
+    # record is written, the summary names every stage, and the check itself succeeds.
+    script = REPO / "experiments" / "gpu_check.py"
+    record_path = tmp_path / "record.json"
+    command = [sys.executable, str(script), "--cpu", "--fail", "planted", "--total", "20"]
+    done = subprocess.run(
+        [*command, "--json", str(record_path)],
+        capture_output=True, text=True, timeout=300, env=child_env(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads(record_path.read_text())
+    stages = record["stages"]
+    assert stages["made to fail: planted"]["status"] == "failed"
+    assert {s["status"] for s in stages.values()} <= {"passed", "failed", "timed out", "skipped"}
+    assert any(s["status"] in ("timed out", "skipped") for s in stages.values())
+    assert record["seconds"] < 60 and record["environment"]["device"] == "cpu"
+    assert all(name in done.stdout for name in stages)
+
+
+def test_gpu_check_cuts_a_stage_at_its_deadline_and_keeps_what_it_printed():
+    from experiments.gpu_check import Stage, run_stage
+
+    slow = [sys.executable, "-c", "import time; print('begun', flush=True); time.sleep(30)"]
+    result = run_stage(Stage("slow", slow, deadline=2), left=100)
+    assert result["status"] == "timed out" and result["seconds"] < 10
+    assert result["tail"] == ["begun"]

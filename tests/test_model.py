@@ -85,9 +85,9 @@ def test_mla_latent_is_in_decoder_self_attention_only():
     """MLA (d_latent) shrinks what the decoder caches; the encoder caches nothing, so it keeps
     full K/V: given the plain model's encoder weights it computes the plain model's memory."""
     mla, plain = tiny(d_latent=8), tiny()
-    assert all(not hasattr(layer.self_attn, "kv_down") for layer in mla.encoder_layers)
-    assert all(layer.self_attn.kv_down.out_features == 8 for layer in mla.decoder_layers)
-    assert all(not hasattr(layer.cross_attn, "kv_down") for layer in mla.decoder_layers)
+    assert all(not hasattr(layer.self_attn, "kv_up") for layer in mla.encoder_layers)
+    assert all(layer.self_attn.kv_up.in_features == 8 for layer in mla.decoder_layers)
+    assert all(not hasattr(layer.cross_attn, "kv_up") for layer in mla.decoder_layers)
     for part in ("src_embed", "encoder_layers", "encoder_norm"):
         getattr(mla, part).load_state_dict(getattr(plain, part).state_dict())
     src = tokens(2, 6)
@@ -288,3 +288,21 @@ def test_on_a_gpu_the_training_forward_never_syncs():
         model(src, tgt, check=False).sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_packed_attention_projections_start_as_q_k_v_initialised_apart():
+    # Each block of in_proj draws as the matrix it stands for, in the order Q, K, V: the
+    # weights a seed gave before the projections were packed.
+    model = tiny(n_kv_heads=2)
+    c, attn = model.config, model.encoder_layers[0].self_attn
+    torch.manual_seed(0)
+    model._init_weights()
+    torch.manual_seed(0)
+    # The source embedding is drawn first (then replaced by its normal initialisation).
+    torch.nn.init.xavier_uniform_(torch.empty(c.src_vocab_size, c.d_model))
+    for rows, block in zip(
+        (c.d_model, attn.d_kv, attn.d_kv),
+        attn.in_proj.weight.split(attn.packed_rows()[attn.in_proj.weight]),
+    ):
+        expected = torch.nn.init.xavier_uniform_(torch.empty(rows, c.d_model))
+        assert torch.equal(block, expected)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from fakes import FakeCuda
 from helpers import child_env
 
 from seq2seq.run import runtime
@@ -71,14 +72,58 @@ def test_ddp_leaves_each_ranks_buffers_alone(two_ranks):
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
-    """Four CUDA devices as far as ``setup_runtime`` asks, and the calls it makes on them."""
-    calls = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    """Four CUDA devices that refuse what torch refuses (``fakes.FakeCuda``), and the calls
+    ``setup_runtime`` makes on them."""
+    fake = FakeCuda(count=4).install(monkeypatch)
     threads = torch.get_num_threads()
-    yield calls
+    yield fake.calls
     torch.set_num_threads(threads)
+    fake.restore_sdpa()
+
+
+def test_the_fake_gpus_refuse_what_torch_refuses(fake_gpus):
+    with pytest.raises(ValueError, match="Expected a torch.device with a specified index"):
+        torch.cuda.set_device(torch.device("cuda"))  # the crash of every default GPU run
+    with pytest.raises(RuntimeError, match="invalid device ordinal"):
+        torch.cuda.set_device(7)
+    with pytest.raises(ValueError, match="device_id with index"):
+        dist.init_process_group("nccl", device_id=torch.device("cuda"))
+    assert fake_gpus == []
+
+
+@pytest.mark.parametrize("asked, index", [("auto", 0), ("cuda", 0), ("cuda:2", 2)])
+def test_every_cuda_device_resolves_to_an_index_that_set_device_takes(fake_gpus, asked, index):
+    # Every entry point (train, translate, evaluate, attention, serve, export, seq2seq.load,
+    # bench_train, gpu_check) reaches the device through setup_runtime.
+    rt = runtime.setup_runtime(asked)
+    assert rt.device == torch.device("cuda", index)
+    assert fake_gpus == [("set_device", rt.device)]
+
+
+def test_cuda_without_an_index_is_the_current_device(fake_gpus):
+    torch.cuda.set_device(3)
+    fake_gpus.clear()
+    assert runtime.setup_runtime("cuda").device == torch.device("cuda", 3)
+
+
+@pytest.mark.parametrize("setting", ["auto", "all"])
+def test_on_cuda_the_attention_setting_chooses_sdpas_kernels(fake_gpus, setting):
+    runtime.setup_runtime("cuda", attention=setting)
+    on = runtime.sdpa_kernels_on()
+    assert on.get("cudnn", False) == (setting == "all")  # cuDNN plans anew for every shape
+    assert on["flash"] and on["mem_efficient"] and on["math"]
+
+
+def test_entry_points_share_one_device_default():
+    import inspect as pyinspect
+
+    from seq2seq.config import TrainConfig
+    from seq2seq.decoding.translate import Translator
+    from seq2seq.inspect.notebook import load
+
+    assert TrainConfig().device == "auto"
+    assert pyinspect.signature(load).parameters["device"].default == "auto"
+    assert pyinspect.signature(Translator.from_run).parameters["device"].default == "auto"
 
 
 def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
@@ -87,10 +132,6 @@ def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
 
 
 def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch):
-    def init(backend, timeout=None, device_id=None):  # the arguments of torch's own
-        fake_gpus.append(("init_process_group", backend, device_id))
-
-    monkeypatch.setattr(dist, "init_process_group", init)
     monkeypatch.setattr(dist, "get_rank", lambda: 2)
     env = {"WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
     for name, value in env.items():

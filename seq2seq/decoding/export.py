@@ -71,10 +71,10 @@ def _array(t: Tensor) -> np.ndarray:
     return t.detach().float().cpu().numpy().copy()
 
 
-def _set_linear(spec, *layers) -> None:
-    """``spec`` = the given nn.Linear layers fused along their outputs (Q|K|V, K|V)."""
-    spec.weight = np.concatenate([_array(layer.weight) for layer in layers])  # (out, in)
-    spec.bias = np.concatenate([_array(layer.bias) for layer in layers])
+def _set_linear(spec, layer, rows: slice = slice(None)) -> None:
+    """``spec`` = the nn.Linear ``layer``, or the output ``rows`` of it (Q of Q|K|V, K|V)."""
+    spec.weight = _array(layer.weight[rows])  # (out, in)
+    spec.bias = _array(layer.bias[rows])
 
 
 def _set_norm(spec, norm) -> None:
@@ -106,7 +106,7 @@ def build_spec(model: Seq2Seq, tokenizer: Tokenizer):
     for spec, layer in zip(encoder.layer, model.encoder_layers, strict=True):
         attn = layer.self_attn
         _set_norm(spec.self_attention.layer_norm, layer.self_attn_norm)
-        _set_linear(spec.self_attention.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        _set_linear(spec.self_attention.linear[0], attn.in_proj)  # Q|K|V, as CTranslate2 packs
         _set_linear(spec.self_attention.linear[1], attn.out_proj)
         _set_ffn(spec.ffn, layer.ffn_norm, layer.ffn)
 
@@ -116,11 +116,12 @@ def build_spec(model: Seq2Seq, tokenizer: Tokenizer):
     for spec, layer in zip(decoder.layer, model.decoder_layers, strict=True):
         attn, cross = layer.self_attn, layer.cross_attn
         _set_norm(spec.self_attention.layer_norm, layer.self_attn_norm)
-        _set_linear(spec.self_attention.linear[0], attn.q_proj, attn.k_proj, attn.v_proj)
+        _set_linear(spec.self_attention.linear[0], attn.in_proj)
         _set_linear(spec.self_attention.linear[1], attn.out_proj)
         _set_norm(spec.attention.layer_norm, layer.cross_attn_norm)
-        _set_linear(spec.attention.linear[0], cross.q_proj)
-        _set_linear(spec.attention.linear[1], cross.k_proj, cross.v_proj)
+        q_rows = slice(0, c.d_model)
+        _set_linear(spec.attention.linear[0], cross.in_proj, q_rows)
+        _set_linear(spec.attention.linear[1], cross.in_proj, slice(c.d_model, None))  # K|V
         _set_linear(spec.attention.linear[2], cross.out_proj)
         _set_ffn(spec.ffn, layer.ffn_norm, layer.ffn)
 

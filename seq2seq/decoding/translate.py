@@ -147,7 +147,7 @@ class Translator:
         self.dtype = autocast_dtype(config.train.precision, device)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> Translator:
+    def from_run(cls, run_dir: str | Path, device: str = "auto") -> Translator:
         resolved = setup_runtime(device).device
         config, tokenizer, model = load_run(run_dir, resolved)
         return cls(config, tokenizer, model, resolved)

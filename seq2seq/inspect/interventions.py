@@ -26,54 +26,33 @@ from seq2seq.decoding.search import Hypothesis, greedy_search
 from seq2seq.decoding.translate import Translator, one_line
 from seq2seq.drawing.words import words_of
 from seq2seq.errors import Seq2SeqError, whole_number
-from seq2seq.model.attention import MultiHeadAttention, attend, check_rows
+from seq2seq.model.attention import MultiHeadAttention, check_rows
 from seq2seq.model.transformer import Seq2Seq
 
-REPLACEMENTS = ("uniform", "permuted", "kept")  # what ReplacedCrossAttention puts in
+REPLACEMENTS = ("uniform", "permuted", "kept")  # what WeightReplacement puts in
 KINDS = (*REPLACEMENTS, "mask")
 
 
-class ReplacedCrossAttention(nn.Module):
-    """Stands in for a decoder layer's cross-attention at inference: the same projections
-    and cache, but the weights are replaced before the values are read.
+class WeightReplacement:
+    """Replaces a cross-attention's weights before the values are read, through the
+    attention module's ``edit_weights`` hook: the same projections and cache, other weights.
 
     ``uniform``: every non-padding source position weighs 1/S_i. ``permuted``: each row of
     each head keeps its weights but moves them to a random order of the non-padding
-    positions. ``kept``: the real weights (a control: the wrapper itself changes nothing).
-    Only for one source per query row (greedy search, teacher forcing), right-padded.
+    positions. ``kept``: the real weights (a control: the replacement itself changes
+    nothing). Only for one source per query row (greedy search, teacher forcing),
+    right-padded.
 
-    Shapes: as ``MultiHeadAttention``: q (B, Tq, D), k = v (B, S, D) -> (B, Tq, D)
+    Shapes: weights (B, H, Tq, S), allowed broadcastable to them -> (B, H, Tq, S)
     """
 
-    def __init__(self, inner: MultiHeadAttention, mode: str, seed: int = 0) -> None:
-        super().__init__()
+    def __init__(self, mode: str, seed: int = 0) -> None:
         if mode not in REPLACEMENTS:
             raise ValueError(f"unknown replacement '{mode}' (use {', '.join(REPLACEMENTS)})")
-        self.inner, self.mode = inner, mode
+        self.mode = mode
         self.generator = torch.Generator().manual_seed(seed)
 
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        allowed: Tensor | None = None,
-        need_weights: bool = False,
-        cache=None,
-    ) -> tuple[Tensor, Tensor | None]:
-        m = self.inner
-        b, tq, _ = q.shape
-        qh = m.q_proj(q).view(b, tq, m.n_heads, m.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
-        kh, vh = m._split_kv(k, v, cache)  # (B, G, S, Dh)
-        if kh.shape[0] != b:
-            raise ValueError("ReplacedCrossAttention takes one source per query row")
-        _, weights = attend(qh, kh, vh, allowed, need_weights=True)  # (B, H, Tq, S)
-        weights = self.replace(weights, allowed)
-        vh = vh.repeat_interleave(m.n_heads // m.n_kv_heads, dim=1)  # (B, H, S, Dh)
-        out = (weights @ vh).transpose(1, 2).reshape(b, tq, m.d_model)  # (B, Tq, D)
-        return m.out_proj(out), weights if need_weights else None
-
-    def replace(self, weights: Tensor, allowed: Tensor | None) -> Tensor:
+    def __call__(self, weights: Tensor, allowed: Tensor | None) -> Tensor:
         keep = (
             torch.ones_like(weights, dtype=torch.bool)
             if allowed is None
@@ -134,10 +113,19 @@ def _wrapped(
             model.decoder_layers[i].cross_attn = attn
 
 
-def replaced(model: Seq2Seq, layers: Sequence[int], mode: str) -> AbstractContextManager[None]:
+@contextmanager
+def replaced(model: Seq2Seq, layers: Sequence[int], mode: str) -> Iterator[None]:
     """A context in which the cross-attention weights of ``layers`` (from 0) are replaced
-    (``ReplacedCrossAttention``; layer i draws its permutations from seed i)."""
-    return _wrapped(model, layers, lambda i, inner: ReplacedCrossAttention(inner, mode, seed=i))
+    (``WeightReplacement`` in each one's ``edit_weights``; layer i draws its permutations
+    from seed i)."""
+    edits = {i: WeightReplacement(mode, seed=i) for i in layers}  # refuses a bad mode first
+    try:
+        for i, edit in edits.items():
+            model.decoder_layers[i].cross_attn.edit_weights = edit
+        yield
+    finally:
+        for i in edits:
+            model.decoder_layers[i].cross_attn.edit_weights = None
 
 
 def hidden_source(

@@ -1,4 +1,5 @@
-"""Multi-head attention (MHA / GQA / MQA in one module) and the incremental decoding cache.
+"""Attention: the function that moves information between positions, the multi-head module
+(MHA / GQA / MQA in one), and the cache that incremental decoding keeps.
 
 Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
 ``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
@@ -19,6 +20,7 @@ key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +29,304 @@ from torch import Tensor, nn
 
 # torch >= 2.5 lets SDPA broadcast G key/value heads over H query heads without a copy.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    allowed: Tensor | None = None,
+    dropout: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention over split heads, with G <= H key/value heads.
+
+    Query head ``h`` reads key/value head ``h // (H / G)``: consecutive query heads share.
+    The output is the fused ``F.scaled_dot_product_attention``'s, with or without weights;
+    ``need_weights`` adds the explicit ``softmax(Q Kᵀ / √Dh + mask)`` (before dropout), so
+    ``weights @ V`` is the output up to rounding. Under bf16 on a CPU attention computes in
+    fp32 and returns ``out`` in bf16, weights in fp32.
+
+    Shapes:
+        q: (B, H, Tq, Dh); k, v: (B, G, Tk, Dh); allowed: broadcastable to (B, 1, Tq, Tk)
+        returns out (B, H, Tq, Dh) and weights (B, H, Tq, Tk) or None
+    """
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # The CPU's bf16 kernel trains many times slower than its fp32 one (its backward
+        # above all), and attention is a small share of the FLOPs: under bf16 autocast it
+        # runs in fp32 and only the projections around it in bf16.
+        with torch.autocast("cpu", enabled=False):
+            out, weights = attend(q.float(), k.float(), v.float(), allowed, dropout, need_weights)
+        return out.to(q.dtype), weights
+    out = _fused(q, k, v, allowed, dropout)
+    return out, _weights(q, k, allowed) if need_weights else None
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> Tensor:
+    """``F.scaled_dot_product_attention``. Shapes as ``attend``."""
+    h, g = q.shape[1], k.shape[1]
+    if g != h and not _SDPA_HAS_GQA:
+        k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
+    kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
+
+
+def _weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
+    """``softmax(Q Kᵀ / √Dh + mask)``, before dropout. Shapes as ``attend``."""
+    b, h, tq, dh = q.shape
+    g, tk = k.shape[1], k.shape[2]
+    # Group query heads by the key/value head they share: a broadcast, not a copy.
+    qg = q.view(b, g, h // g, tq, dh)  # (B, G, H/G, Tq, Dh)
+    scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(dh)  # (B, G, H/G, Tq, Tk)
+    scores = scores.view(b, h, tq, tk)  # (B, H, Tq, Tk)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def check_rows(allowed: Tensor) -> None:
+    """Raise ``ValueError`` if a query row of ``allowed`` has no allowed key (one host sync)."""
+    if not allowed.any(dim=-1).all():
+        raise ValueError("Each query must have at least one allowed key (a sentence all padding?)")
+
+
+def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
+    """Raise ``ValueError`` unless ``allowed`` is a boolean mask of a shape that fits these
+    sizes; its shape and dtype only, so no device sync (``check_rows`` reads the rows)."""
+    if allowed.dtype != torch.bool:
+        raise ValueError("Use a boolean mask: True = allowed")
+    shape = tuple(allowed.shape)
+    ok = (allowed.ndim == 2 and shape == (tq, tk)) or (
+        allowed.ndim == 4
+        and shape[0] in (1, batch)
+        and shape[1] == 1
+        and shape[2] in (1, tq)
+        and shape[3] == tk
+    )
+    if not ok:
+        raise ValueError(
+            f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
+            f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
+        )
+
+
+WeightEdit = Callable[[Tensor, "Tensor | None"], Tensor]
+
+
+class MultiHeadAttention(nn.Module):
+    """Self- or cross-attention with ``n_kv_heads`` key/value heads (MHA, GQA or MQA).
+
+    ``n_kv_heads = n_heads`` is MHA, ``1`` is MQA, anything dividing ``n_heads`` is GQA; the
+    key and value projections produce only ``n_kv_heads * Dh`` features each, so the cache
+    is really smaller. Q, K and V come from one packed matrix ``in_proj`` (rows Q | K | V,
+    as ``nn.MultiheadAttention``'s ``in_proj_weight``): self-attention projects its input
+    in one matrix multiply, cross-attention its queries with the Q rows and the encoder
+    memory with the K | V rows, and a static cache skips the K | V rows altogether.
+
+    ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for absolute
+    positions): each key/value token is compressed to a ``d_latent`` vector, only that
+    latent is cached, and K and V are up-projected from it (``kv_up``). ``in_proj`` then
+    packs Q | latent. Keys and values are one input, so MLA is for self-attention: ``k``
+    must be ``v``.
+
+    ``check_rows`` (default): refuse a mask with a query row that allows no key, at the cost
+    of a host read per call; ``False`` for a caller that checked its masks once already.
+
+    ``edit_weights`` (default None) is the hook for experiments on attention: a function
+    ``(weights (B, H, Tq, Tk), allowed) -> weights``. When set, the output is computed from
+    the explicit weights it returns (``weights @ V``) instead of the fused kernel: the
+    interventions replace a layer's attention through it.
+
+    Shapes:
+        q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
+        returns (B, Tq, D) and, with ``need_weights``, weights (B, H, Tq, Tk)
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        d_latent: int | None = None,
+        check_rows: bool = True,
+    ) -> None:
+        super().__init__()
+        if d_model < 1 or n_heads < 1 or d_model % n_heads:
+            raise ValueError("d_model must be divisible by n_heads")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if not 1 <= n_kv_heads <= n_heads or n_heads % n_kv_heads:
+            raise ValueError("n_kv_heads must be between 1 and n_heads and divide n_heads")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.d_head = d_model // n_heads
+        self.d_kv = n_kv_heads * self.d_head  # the width of K, and of V
+        self.dropout = dropout
+        self.d_latent = d_latent
+        if d_latent is None:
+            self.in_proj = nn.Linear(d_model, d_model + 2 * self.d_kv)  # Q | K | V
+        else:
+            self.in_proj = nn.Linear(d_model, d_model + d_latent)  # Q | latent, only it cached
+            self.kv_up = nn.Linear(d_latent, 2 * self.d_kv)  # K | V from the latent
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.check_rows = check_rows
+        self.edit_weights: WeightEdit | None = None
+
+    def packed_rows(self) -> dict[nn.Parameter, list[int]]:
+        """The blocks of rows each packed weight stacks (Q | K | V, Q | latent, K | V): a
+        model initialises each block as the matrix it stands for."""
+        if self.d_latent is None:
+            return {self.in_proj.weight: [self.d_model, self.d_kv, self.d_kv]}
+        return {
+            self.in_proj.weight: [self.d_model, self.d_latent],
+            self.kv_up.weight: [self.d_kv, self.d_kv],
+        }
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Tensor | None = None,
+        need_weights: bool = False,
+        cache: AttentionCache | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        shared_kv = cache is not None and cache.static
+        self._check_inputs(q, k, v, shared_kv)
+        b, tq, _ = q.shape
+        qh, kh, vh = self.project(q, k, v, cache)  # (B, H, Tq, Dh), (Bk, G, Tk, Dh) x 2
+        bk, tk = kh.shape[0], kh.shape[2]
+        if allowed is not None:
+            check_mask(allowed, bk, tq, tk)
+            if self.check_rows:
+                check_rows(allowed)
+
+        # Beams sharing one source: fold each sentence's beams into extra query rows.
+        group = b // bk
+        if group > 1:
+            if self.edit_weights is not None:
+                raise ValueError("edit_weights takes one source per query row (no shared cache)")
+            qh = qh.view(bk, group, self.n_heads, tq, self.d_head).transpose(1, 2)
+            qh = qh.reshape(bk, self.n_heads, group * tq, self.d_head)  # (Bk, H, K*Tq, Dh)
+            if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
+                raise ValueError("A shared key/value cache takes only a key padding mask")
+        if self.edit_weights is not None:
+            out, weights = self._edited(qh, kh, vh, allowed)
+        else:
+            dropout = self.dropout if self.training else 0.0
+            out, weights = attend(qh, kh, vh, allowed, dropout, need_weights)  # (Bk, H, K*Tq, Dh)
+        if group > 1:
+            out = out.view(bk, self.n_heads, group, tq, self.d_head).transpose(1, 2)
+            out = out.reshape(b, self.n_heads, tq, self.d_head)
+            if weights is not None:
+                weights = weights.view(bk, self.n_heads, group, tq, tk).transpose(1, 2)
+                weights = weights.reshape(b, self.n_heads, tq, tk)
+
+        out = out.transpose(1, 2)  # (B, Tq, H, Dh): heads back beside each position
+        out = out.reshape(b, tq, self.d_model)  # (B, Tq, D)
+        return self.out_proj(out), weights if need_weights else None
+
+    def project(
+        self, q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values split into heads, reading and updating ``cache``:
+        (B, H, Tq, Dh) and twice (B, G, Tk, Dh), where a static cache's B may be smaller."""
+        w, bias, d = self.in_proj.weight, self.in_proj.bias, self.d_model
+        reuse = cache is not None and cache.static and cache.length > 0
+        if q is k and k is v and not reuse:  # self-attention: one matrix multiply
+            q_part, kv_part = self.in_proj(q).split([d, w.shape[0] - d], dim=-1)
+        else:
+            q_part = F.linear(q, w[:d], bias[:d])
+            kv_part = None if reuse else self._kv_input(k, v)
+        if self.d_latent is not None:
+            kh, vh = self._latent_kv(kv_part, cache)
+        elif kv_part is None:
+            kh, vh = cache.k, cache.v
+        else:
+            kh, vh = self._heads(kv_part)
+            if cache is not None:
+                if cache.k is not None:
+                    kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
+                    vh = torch.cat([cache.v, vh], dim=2)
+                cache.k, cache.v = kh, vh
+        b, tq = q.shape[:2]
+        qh = q_part.view(b, tq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
+        return qh, kh, vh
+
+    def _kv_input(self, k: Tensor, v: Tensor) -> Tensor:
+        """The K | V (or latent) features of the keys' and values' inputs: (B, Tk, 2 G Dh)."""
+        w, bias, d = self.in_proj.weight, self.in_proj.bias, self.d_model
+        if k is v or self.d_latent is not None:  # cross-attention reads one memory
+            return F.linear(k, w[d:], bias[d:])
+        d_kv = self.d_kv
+        key = F.linear(k, w[d : d + d_kv], bias[d : d + d_kv])
+        value = F.linear(v, w[d + d_kv :], bias[d + d_kv :])
+        return torch.cat([key, value], dim=-1)
+
+    def _heads(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, Tk, 2 G Dh) K | V features -> K and V, each (B, G, Tk, Dh)."""
+        b = kv.shape[0]
+        kv = kv.view(b, -1, 2, self.n_kv_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        return kv[0], kv[1]
+
+    def _latent_kv(
+        self, latent: Tensor | None, cache: AttentionCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """MLA: K and V up-projected from the latent, which alone the cache keeps."""
+        if cache is not None:
+            if latent is None:
+                latent = cache.latent
+            elif cache.latent is not None:
+                latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)
+            cache.latent = latent
+        return self._heads(self.kv_up(latent))
+
+    def _edited(
+        self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The output from explicit weights that ``edit_weights`` changed: (B, H, Tq, Dh)."""
+        _, weights = attend(qh, kh, vh, allowed, need_weights=True)  # (B, H, Tq, Tk)
+        weights = self.edit_weights(weights, allowed)
+        vh = vh.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, Tk, Dh)
+        return (weights.to(vh.dtype) @ vh), weights
+
+    def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, shared_kv: bool) -> None:
+        if any(x.ndim != 3 for x in (q, k, v)):
+            raise ValueError("Expected [batch, sequence, d_model] inputs")
+        same = all(x.shape[0] == q.shape[0] for x in (k, v))
+        # Beams of one sentence may share a static cache: B_q is then a multiple of B_k.
+        shared = shared_kv and k.shape[0] == v.shape[0] and q.shape[0] % k.shape[0] == 0
+        if not (same or shared):
+            raise ValueError("Query, key and value batch sizes must match")
+        if any(x.shape[-1] != self.d_model for x in (q, k, v)):
+            raise ValueError("Input widths must equal d_model")
+        if k.shape[1] == 0:
+            raise ValueError("At least one key/value is required")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError("Key and value lengths must match")
+        if self.d_latent is not None and k is not v:
+            raise ValueError(
+                "MLA (d_latent) compresses keys and values from one input: pass the same "
+                "tensor as k and v (self-attention)"
+            )
+
+
+def packed_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` (a model's state) with weights saved before Q, K and V were packed
+    (``q_proj``, ``k_proj``, ``v_proj``, and for MLA ``kv_down``) stacked into ``in_proj``
+    and ``kv_up``: the same numbers, the names this module has. Other names pass through."""
+    out = dict(tensors)
+    for name in [n for n in tensors if n.split(".")[-2:] == ["q_proj", "weight"]]:
+        prefix = name.removesuffix("q_proj.weight")
+        mla = f"{prefix}kv_down.weight" in tensors
+        rows = ("q_proj", "kv_down") if mla else ("q_proj", "k_proj", "v_proj")
+        for kind in ("weight", "bias"):
+            out[f"{prefix}in_proj.{kind}"] = torch.cat(
+                [out.pop(f"{prefix}{r}.{kind}") for r in rows]
+            )
+            if mla:
+                up = [out.pop(f"{prefix}{r}.{kind}") for r in ("k_proj", "v_proj")]
+                out[f"{prefix}kv_up.{kind}"] = torch.cat(up)
+    return out
 
 
 @dataclass
@@ -101,225 +401,3 @@ class DecoderCache:
         report["elements"] = report["self_elements"] + report["cross_elements"]
         report["bytes"] = report["self_bytes"] + report["cross_bytes"]
         return report
-
-
-def check_rows(allowed: Tensor) -> None:
-    """Raise ``ValueError`` if a query row of ``allowed`` has no allowed key (one host sync)."""
-    if not allowed.any(dim=-1).all():
-        raise ValueError("Each query must have at least one allowed key (a sentence all padding?)")
-
-
-def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
-    """Raise ``ValueError`` unless ``allowed`` is a boolean mask of a shape that fits these
-    sizes; its shape and dtype only, so no device sync (``check_rows`` reads the rows)."""
-    if allowed.dtype != torch.bool:
-        raise ValueError("Use a boolean mask: True = allowed")
-    shape = tuple(allowed.shape)
-    ok = (allowed.ndim == 2 and shape == (tq, tk)) or (
-        allowed.ndim == 4
-        and shape[0] in (1, batch)
-        and shape[1] == 1
-        and shape[2] in (1, tq)
-        and shape[3] == tk
-    )
-    if not ok:
-        raise ValueError(
-            f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
-            f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
-        )
-
-
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    allowed: Tensor | None = None,
-    dropout: float = 0.0,
-    need_weights: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Scaled dot-product attention over split heads, with G <= H key/value heads.
-
-    Query head ``h`` reads key/value head ``h // (H / G)``: consecutive query heads share.
-    The output is the fused ``F.scaled_dot_product_attention``'s, with or without weights;
-    ``need_weights`` adds the explicit ``softmax(Q Kᵀ / √Dh + mask)`` (before dropout), so
-    ``weights @ V`` is the output up to rounding. Under bf16 on a CPU attention computes in
-    fp32 and returns ``out`` in bf16, weights in fp32.
-
-    Shapes:
-        q: (B, H, Tq, Dh); k, v: (B, G, Tk, Dh); allowed: broadcastable to (B, 1, Tq, Tk)
-        returns out (B, H, Tq, Dh) and weights (B, H, Tq, Tk) or None
-    """
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        # The CPU's bf16 kernel trains many times slower than its fp32 one (its backward
-        # above all), and attention is a small share of the FLOPs: under bf16 autocast it
-        # runs in fp32 and only the projections around it in bf16.
-        with torch.autocast("cpu", enabled=False):
-            out, weights = attend(q.float(), k.float(), v.float(), allowed, dropout, need_weights)
-        return out.to(q.dtype), weights
-    out = _fused(q, k, v, allowed, dropout)
-    return out, _weights(q, k, allowed) if need_weights else None
-
-
-def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> Tensor:
-    """``F.scaled_dot_product_attention``. Shapes as ``attend``."""
-    h, g = q.shape[1], k.shape[1]
-    if g != h and not _SDPA_HAS_GQA:
-        k, v = k.repeat_interleave(h // g, dim=1), v.repeat_interleave(h // g, dim=1)
-    kwargs = {"enable_gqa": True} if g != h and _SDPA_HAS_GQA else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
-
-
-def _weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
-    """``softmax(Q Kᵀ / √Dh + mask)``, before dropout. Shapes as ``attend``."""
-    b, h, tq, dh = q.shape
-    g, tk = k.shape[1], k.shape[2]
-    # Group query heads by the key/value head they share: a broadcast, not a copy.
-    qg = q.view(b, g, h // g, tq, dh)  # (B, G, H/G, Tq, Dh)
-    scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(dh)  # (B, G, H/G, Tq, Tk)
-    scores = scores.view(b, h, tq, tk)  # (B, H, Tq, Tk)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.softmax(dim=-1)
-
-
-class MultiHeadAttention(nn.Module):
-    """Self- or cross-attention with ``n_kv_heads`` key/value heads (MHA, GQA or MQA).
-
-    ``n_kv_heads = n_heads`` is MHA, ``1`` is MQA, anything dividing ``n_heads`` is GQA;
-    ``k_proj``/``v_proj`` produce only ``n_kv_heads * Dh`` features, so the cache is really
-    smaller. ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for
-    absolute positions): each key/value token is compressed to a ``d_latent`` vector, only
-    that latent is cached, and K and V are up-projected from it. Keys and values are then
-    one input, so MLA is for self-attention: ``k`` must be ``v``.
-
-    ``check_rows`` (default): refuse a mask with a query row that allows no key, at the cost
-    of a host read per call; ``False`` for a caller that checked its masks once already.
-
-    Shapes:
-        q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
-        returns (B, Tq, D) and, with ``need_weights``, weights (B, H, Tq, Tk)
-    """
-
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        n_kv_heads: int | None = None,
-        dropout: float = 0.0,
-        d_latent: int | None = None,
-        check_rows: bool = True,
-    ) -> None:
-        super().__init__()
-        if d_model < 1 or n_heads < 1 or d_model % n_heads:
-            raise ValueError("d_model must be divisible by n_heads")
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if not 1 <= n_kv_heads <= n_heads or n_heads % n_kv_heads:
-            raise ValueError("n_kv_heads must be between 1 and n_heads and divide n_heads")
-        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.d_head = d_model // n_heads
-        self.dropout = dropout
-        d_kv = n_kv_heads * self.d_head
-        self.q_proj = nn.Linear(d_model, d_model)
-        if d_latent is None:
-            self.k_proj = nn.Linear(d_model, d_kv)
-            self.v_proj = nn.Linear(d_model, d_kv)
-        else:
-            self.kv_down = nn.Linear(d_model, d_latent)  # the only thing cached
-            self.k_proj = nn.Linear(d_latent, d_kv)
-            self.v_proj = nn.Linear(d_latent, d_kv)
-        self.d_latent = d_latent
-        self.out_proj = nn.Linear(d_model, d_model)
-        self.check_rows = check_rows
-
-    def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, shared_kv: bool) -> None:
-        if any(x.ndim != 3 for x in (q, k, v)):
-            raise ValueError("Expected [batch, sequence, d_model] inputs")
-        same = all(x.shape[0] == q.shape[0] for x in (k, v))
-        # Beams of one sentence may share a static cache: B_q is then a multiple of B_k.
-        shared = shared_kv and k.shape[0] == v.shape[0] and q.shape[0] % k.shape[0] == 0
-        if not (same or shared):
-            raise ValueError("Query, key and value batch sizes must match")
-        if any(x.shape[-1] != self.d_model for x in (q, k, v)):
-            raise ValueError("Input widths must equal d_model")
-        if k.shape[1] == 0:
-            raise ValueError("At least one key/value is required")
-        if k.shape[1] != v.shape[1]:
-            raise ValueError("Key and value lengths must match")
-        if self.d_latent is not None and k is not v:
-            raise ValueError(
-                "MLA (d_latent) compresses keys and values from one input: pass the same "
-                "tensor as k and v (self-attention)"
-            )
-
-    def _split_kv(
-        self, k: Tensor, v: Tensor, cache: AttentionCache | None
-    ) -> tuple[Tensor, Tensor]:
-        """Project keys and values, reading and updating ``cache``; returns (B, G, Tk, Dh)."""
-        if cache is not None and cache.static and cache.length:
-            if self.d_latent is None:
-                return cache.k, cache.v
-            return self._up(cache.latent)
-        if self.d_latent is None:
-            b = k.shape[0]
-            kh = self.k_proj(k).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-            vh = self.v_proj(v).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-            if cache is not None:
-                if cache.k is not None:
-                    kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
-                    vh = torch.cat([cache.v, vh], dim=2)
-                cache.k, cache.v = kh, vh
-            return kh, vh
-        latent = self.kv_down(k)  # (B, Tk, L); k is v (checked)
-        if cache is not None:
-            if cache.latent is not None:
-                latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)
-            cache.latent = latent
-        return self._up(latent)
-
-    def _up(self, latent: Tensor) -> tuple[Tensor, Tensor]:
-        b = latent.shape[0]
-        kh = self.k_proj(latent).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-        vh = self.v_proj(latent).view(b, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-        return kh, vh  # (B, G, Tk, Dh)
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        allowed: Tensor | None = None,
-        need_weights: bool = False,
-        cache: AttentionCache | None = None,
-    ) -> tuple[Tensor, Tensor | None]:
-        shared_kv = cache is not None and cache.static
-        self._check_inputs(q, k, v, shared_kv)
-        b, tq, _ = q.shape
-        qh = self.q_proj(q).view(b, tq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
-        kh, vh = self._split_kv(k, v, cache)  # (Bk, G, Tk, Dh)
-        bk, tk = kh.shape[0], kh.shape[2]
-        if allowed is not None:
-            check_mask(allowed, bk, tq, tk)
-            if self.check_rows:
-                check_rows(allowed)
-
-        # Beams sharing one source: fold each sentence's beams into extra query rows.
-        group = b // bk
-        if group > 1:
-            qh = qh.view(bk, group, self.n_heads, tq, self.d_head).transpose(1, 2)
-            qh = qh.reshape(bk, self.n_heads, group * tq, self.d_head)  # (Bk, H, K*Tq, Dh)
-            if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
-                raise ValueError("A shared key/value cache takes only a key padding mask")
-        dropout = self.dropout if self.training else 0.0
-        out, weights = attend(
-            qh, kh, vh, allowed, dropout=dropout, need_weights=need_weights
-        )  # (Bk, H, K*Tq, Dh)
-        if group > 1:
-            out = out.view(bk, self.n_heads, group, tq, self.d_head).transpose(1, 2)
-            out = out.reshape(b, self.n_heads, tq, self.d_head)
-            if weights is not None:
-                weights = weights.view(bk, self.n_heads, group, tq, tk).transpose(1, 2)
-                weights = weights.reshape(b, self.n_heads, tq, tk)
-
-        out = out.transpose(1, 2)  # (B, Tq, H, Dh): heads back beside each position
-        out = out.reshape(b, tq, self.d_model)  # (B, Tq, D)
-        return self.out_proj(out), weights

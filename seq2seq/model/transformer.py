@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from seq2seq.config import ModelConfig
-from seq2seq.model.attention import DecoderCache, check_rows
+from seq2seq.model.attention import DecoderCache, MultiHeadAttention, check_rows
 from seq2seq.model.layers import DecoderLayer, Embedding, EncoderLayer
 from seq2seq.vocab import PAD_ID
 
@@ -54,10 +54,17 @@ class Seq2Seq(nn.Module):
         if c.tie_output:
             self.output.weight = tgt_tokens.weight
 
+    @torch.no_grad()
     def _init_weights(self) -> None:
+        # Attention's packed projections: each block (Q, K, V) as the matrix it stands for.
+        packed = {}
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                packed.update(module.packed_rows())
         for name, p in self.named_parameters():
             if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
+                for block in p.split(packed.get(p, [p.shape[0]])):
+                    nn.init.xavier_uniform_(block)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
         for emb in (self.src_embed.tokens, self.tgt_embed.tokens):

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from seq2seq.config import Config, budget_rule, config_from_dict, config_to_dict
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_path, atomic_write_text
+from seq2seq.model.attention import packed_state
 
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"
@@ -210,7 +211,9 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
 
 
 def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path) -> None:
-    """Copy ``tensors`` into ``model`` after checking names, shapes and dtypes exactly."""
+    """Copy ``tensors`` into ``model`` after checking names, shapes and dtypes exactly.
+    Weights saved before attention packed Q, K and V into one projection load as well."""
+    tensors = packed_state(tensors)
     expected = unique_state(model)
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
@@ -320,6 +323,11 @@ def load_training_state(
     if not _is_training_state(tensors, counters):
         raise Seq2SeqError(f"{path}: not a training state (no optimizer or RNG state)")
     weights = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    if packed_state(weights).keys() != weights.keys():  # Adam's moments are per parameter
+        raise Seq2SeqError(
+            f"{path}: saved before attention packed Q, K and V into one projection; its "
+            "weights still translate and evaluate, but its training cannot resume here"
+        )
     load_weights_into(model, weights, path)
     state: dict[int, dict[str, Tensor]] = {}
     try:

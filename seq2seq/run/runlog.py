@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from seq2seq.fileio import atomic_write_text
-from seq2seq.run.runtime import Runtime
+from seq2seq.run.runtime import Runtime, sdpa_kernels_on
 from seq2seq.version import __version__
 
 
@@ -135,6 +135,8 @@ def accelerator(device: torch.device) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+        "sdpa_kernels": [name for name, on in sdpa_kernels_on().items() if on],
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
     }
 
 

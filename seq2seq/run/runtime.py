@@ -88,21 +88,25 @@ def _mps_available() -> bool:
     return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 
 
-def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
+def setup_runtime(
+    device: str = "auto", threads: int | None = None, attention: str = "auto"
+) -> Runtime:
     """The device ``device`` names, and this process's place in a ``torchrun`` job.
 
     ``device`` is ``auto`` (CUDA, then Apple's MPS, then the CPU), ``cpu``, ``cuda``,
-    ``cuda:N`` or ``mps``; one that is not there is a one-line error. Under ``torchrun``
-    every rank takes the CUDA device of its local rank (nccl), bound before the process
-    group, or shares the CPU (gloo). On any device ``threads`` sets torch's intra-op threads
-    (default under torchrun: the usable CPUs over the local ranks; alone: torch's choice, at
-    most the usable CPUs, ``usable_cpus``).
+    ``cuda:N`` or ``mps``; one that is not there is a one-line error. ``cuda`` is the
+    current CUDA device, by its index (``cuda:0``). Under ``torchrun`` every rank takes the
+    CUDA device of its local rank (nccl), bound before the process group, or shares the CPU
+    (gloo). On any device ``threads`` sets torch's intra-op threads (default under torchrun:
+    the usable CPUs over the local ranks; alone: torch's choice, at most the usable CPUs,
+    ``usable_cpus``). On CUDA ``attention`` chooses the SDPA kernels (``attention_kernels``).
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = _resolve(device, local_rank if world > 1 else None)
     if dev.type == "cuda":  # bound before the process group: NCCL then uses it, not a guess
         torch.cuda.set_device(dev)
+        attention_kernels(attention)
     # On every device: SentencePiece, the batches and the CPU side of a GPU run use these
     # threads, and torchrun has set OMP_NUM_THREADS=1. Torch's own default counts the host's
     # cores: in a container with a CPU quota it is capped to the quota.
@@ -116,6 +120,38 @@ def setup_runtime(device: str = "auto", threads: int | None = None) -> Runtime:
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", **_device_id(dev))
     rank = dist.get_rank() if world > 1 else 0
     return Runtime(rank, world, dev)
+
+
+# SDPA's CUDA kernels by torch's names. cuDNN's builds an execution plan for every new
+# batch shape: with the lengths of real batches (and a cached decoding step's Tk growing by
+# one a step) it planned at every call, 88% of a training step on an H200 (torch 2.11).
+SDPA_KERNELS = ("flash", "mem_efficient", "math", "cudnn")
+ATTENTION_SETTINGS = {
+    "auto": ("flash", "mem_efficient", "math"),  # no per-shape planning
+    "all": SDPA_KERNELS,  # torch's own choice among every kernel, cuDNN's included
+}
+
+
+def attention_kernels(setting: str = "auto") -> dict[str, bool]:
+    """Turn SDPA's CUDA kernels on or off for this process as ``setting`` (a key of
+    ``ATTENTION_SETTINGS``) says; returns which are on, as environment.json records them.
+    Training and decoding both run under it: it holds for the process, not for a call."""
+    wanted = ATTENTION_SETTINGS[setting]
+    for kernel in SDPA_KERNELS:
+        enable = getattr(torch.backends.cuda, f"enable_{kernel}_sdp", None)
+        if enable is not None:  # cuDNN's came in torch 2.3
+            enable(kernel in wanted)
+    return sdpa_kernels_on()
+
+
+def sdpa_kernels_on() -> dict[str, bool]:
+    """Which of SDPA's CUDA kernels torch may choose now."""
+    on = {}
+    for kernel in SDPA_KERNELS:
+        enabled = getattr(torch.backends.cuda, f"{kernel}_sdp_enabled", None)
+        if enabled is not None:
+            on[kernel] = enabled()
+    return on
 
 
 def _device_id(device: torch.device) -> dict[str, torch.device]:
@@ -149,7 +185,9 @@ def _resolve(device: str, local_rank: int | None) -> torch.device:
                     "rank; use --device cuda (CUDA_VISIBLE_DEVICES chooses which GPUs)"
                 )
             resolved = torch.device("cuda", local_rank)
-        if (resolved.index or 0) >= torch.cuda.device_count():
+        if resolved.index is None:  # the current device, by its index, as set_device needs
+            resolved = torch.device("cuda", torch.cuda.current_device())
+        if resolved.index >= torch.cuda.device_count():
             raise Seq2SeqError(
                 f"device '{device}' asked for, but there are {torch.cuda.device_count()} CUDA devices"
             )

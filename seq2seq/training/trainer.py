@@ -134,7 +134,9 @@ def train(
     scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
     """
     run_dir = Path(run_dir)
-    runtime = setup_runtime(config.train.device, config.train.threads)
+    runtime = setup_runtime(
+        config.train.device, config.train.threads, config.train.attention_kernels
+    )
     if runtime.main:
         checkpoint.prepare_run_dir(run_dir, resume, overwrite)
     barrier(runtime)
