@@ -265,6 +265,14 @@ def bench_summary(path: Path) -> dict:
     }
 
 
+def keep(scratch: Path, into: Path) -> None:
+    """The stages' records, logs and configs so far, without weights or the data store."""
+    import shutil
+
+    skip = shutil.ignore_patterns("*.safetensors", "data", "checkpoints", "*.model", "*.png")
+    shutil.copytree(scratch, into, ignore=skip, dirs_exist_ok=True)
+
+
 def summary(record: dict) -> str:
     lines = [
         f"gpu_check on {record['environment'].get('gpu', record['environment'].get('device'))}"
@@ -296,6 +304,9 @@ def main() -> int:
     parser.add_argument("--json", type=Path, required=True, help="the record, rewritten per stage")
     parser.add_argument("--train-minutes", type=float, default=2.0)
     parser.add_argument("--total", type=int, default=TOTAL_SECONDS, help="seconds for everything")
+    parser.add_argument(
+        "--keep", type=Path, help="copy each stage's files here (no weights, no data store)"
+    )
     parser.add_argument("--fail", metavar="WHY", help="add a stage that fails (tests the plumbing)")
     parser.add_argument("--stage", choices=["decoding"], help=argparse.SUPPRESS)
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
@@ -342,6 +353,8 @@ def main() -> int:
             record["stages"][stage.name] = result
             write()
             print(f"gpu_check: {stage.name}: {result['status']}", file=sys.stderr, flush=True)
+            if args.keep:
+                keep(Path(scratch), args.keep)
     write()
     print(summary(record))
     return 0
