@@ -58,7 +58,12 @@ from seq2seq.data.corpora import encode_pairs, load_corpus  # noqa: E402
 from seq2seq.data.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.model.layers import sinusoidal_table  # noqa: E402
 from seq2seq.model.transformer import build_model  # noqa: E402
-from seq2seq.run.precision import autocast, autocast_dtype, native_bf16  # noqa: E402
+from seq2seq.run.precision import (  # noqa: E402
+    autocast,
+    autocast_dtype,
+    native_bf16,
+    resolved_precision,
+)
 from seq2seq.run.runlog import accelerator, machine  # noqa: E402
 from seq2seq.run.runtime import setup_runtime  # noqa: E402
 from seq2seq.training.trainer import build_optimizer, sequence_loss  # noqa: E402
@@ -460,12 +465,11 @@ def main() -> None:
     batches = [b.to(device) for b in batches]
     c = config.model
     c.src_vocab_size, c.tgt_vocab_size = tokenizer.src_vocab_size, tokenizer.tgt_vocab_size
-    dtype = {
-        "auto": autocast_dtype(config.train.precision, device),
-        "fp32": None,
-        "tf32": None,
-        "bf16": torch.bfloat16,
-    }[args.precision]
+    if args.precision == "auto":  # what the trainer would use on this device
+        args.precision = resolved_precision(config.train.precision, device)
+    dtype = autocast_dtype(args.precision, device) if args.precision == "bf16" else None
+    if args.precision == "bf16" and dtype is None:
+        args.precision = "fp32"  # bf16 is not native here: the trainer computes in fp32
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
 
     torch.manual_seed(0)
@@ -569,7 +573,7 @@ def main() -> None:
         key=lambda r: r["tokens_per_s"],
     )
     speedup = results[0]["tokens_per_s"] / best_ref["tokens_per_s"]
-    used = "bf16" if dtype else args.precision.replace("auto", "fp32")
+    used = "bf16" if dtype else args.precision
 
     print("\n" + train_table(results, peaks))
     print(

@@ -113,7 +113,7 @@ class TrainConfig:
     validate_every: int = 0  # steps; 0 = once per epoch
     valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
     log_every: int = 10
-    precision: str = "bf16"  # "bf16" autocast where supported, else "fp32"
+    precision: str = "auto"  # "bf16" autocast where native (CPU), "tf32" on CUDA; see precision.py
     # torch.compile of the training step: "auto" (only where measured faster: see
     # seq2seq/training/compiling.py; on CPU it was not), true, or false.
     compile: str | bool = "auto"
@@ -464,7 +464,10 @@ def _train_checks(t: TrainConfig) -> list[Check]:
             t.accum_steps >= 1 and t.max_epochs >= 1,
             "train.accum_steps and train.max_epochs must be >= 1",
         ),
-        (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
+        (
+            t.precision in ("auto", "bf16", "tf32", "fp32"),
+            "train.precision must be 'auto', 'bf16', 'tf32' or 'fp32'",
+        ),
         (
             t.attention_kernels in ("auto", "all"),
             "train.attention_kernels must be 'auto' or 'all'",

@@ -114,7 +114,7 @@ def test_type_errors(overrides, match):
         (["train.lr=-0.001"], "train.lr must be in \\(0, 10\\]"),
         (["train.label_smoothing=1.0"], "label_smoothing"),
         (["train.max_epochs=0"], "max_epochs must be >= 1"),
-        (["train.precision=fp16"], "precision must be 'bf16' or 'fp32'"),
+        (["train.precision=fp16"], "precision must be 'auto', 'bf16', 'tf32' or 'fp32'"),
         (["train.device=tpu"], "device must be"),
         (["train.max_time=-1"], "max_time must be >= 0"),
         (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),

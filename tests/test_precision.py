@@ -75,3 +75,24 @@ def test_a_bf16_config_without_native_bf16_trains_in_fp32_and_says_so(
     )
     assert train_losses(tmp_path / "bf16") == train_losses(tmp_path / "fp32")
     assert "; fp32 on cpu" in capsys.readouterr().err
+
+
+def test_auto_is_bf16_on_a_cpu_and_tf32_on_cuda(gpus):
+    from seq2seq.run.precision import describe_precision, resolved_precision, set_matmul_precision
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    assert resolved_precision("auto", cpu) == "bf16"
+    assert resolved_precision("auto", gpu) == precision.CUDA_AUTO == "tf32"
+    assert autocast_dtype("auto", gpu) is None  # fp32 tensors, TF32 matrix multiplies
+    assert describe_precision("auto", None, gpu) == "fp32 with TF32 matrix multiplies on cuda:0"
+    saved = torch.backends.cuda.matmul.allow_tf32  # a process-wide setting: put back
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        set_matmul_precision("auto", gpu)
+        assert torch.backends.cuda.matmul.allow_tf32
+        set_matmul_precision("bf16", gpu)
+        assert not torch.backends.cuda.matmul.allow_tf32
+        set_matmul_precision("tf32", cpu)  # no CUDA: nothing to turn on
+        assert not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved

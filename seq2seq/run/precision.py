@@ -1,8 +1,13 @@
-"""Numeric precision: bf16 autocast where the hardware computes it natively, else fp32.
+"""Numeric precision: ``train.precision`` is ``auto`` (the default), ``bf16``, ``tf32`` or
+``fp32``.
 
-Emulated bf16 (a CPU without AVX512-BF16 or AMX, a CUDA device below compute capability
-8.0 such as a T4 or V100) is slower than fp32, so a run that asks for bf16 there computes
-in fp32 and says so.
+``bf16`` is autocast where the hardware computes it natively, else fp32: emulated bf16 (a
+CPU without AVX512-BF16 or AMX, a CUDA device below compute capability 8.0 such as a T4 or
+V100) is slower than fp32, so a run that asks for bf16 there computes in fp32 and says so.
+``tf32`` keeps fp32 tensors and lets CUDA's matrix multiplies round their inputs to
+TensorFloat-32 (fp32 elsewhere). ``auto`` is ``bf16`` on a CPU and ``CUDA_AUTO`` on CUDA:
+the default model's training step on an H200 measured faster in tf32 than under bf16
+autocast (experiments/results/gpu-check-h200: bench_train, eager).
 """
 
 from __future__ import annotations
@@ -10,6 +15,22 @@ from __future__ import annotations
 import contextlib
 
 import torch
+
+PRECISIONS = ("auto", "bf16", "tf32", "fp32")
+CUDA_AUTO = "tf32"  # what auto means on CUDA, from the measurement named above
+
+
+def resolved_precision(precision: str, device: torch.device) -> str:
+    """``precision`` with ``auto`` replaced by what it means on ``device``."""
+    if precision != "auto":
+        return precision
+    return CUDA_AUTO if device.type == "cuda" else "bf16"
+
+
+def set_matmul_precision(precision: str, device: torch.device) -> None:
+    """On CUDA, TF32 matrix multiplies on or off for this process as ``precision`` says."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = resolved_precision(precision, device) == "tf32"
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -29,16 +50,20 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """``torch.bfloat16`` when ``precision`` is bf16 and ``device`` has it natively, else None
-    (fp32)."""
-    return torch.bfloat16 if precision == "bf16" and native_bf16(device) else None
+    """``torch.bfloat16`` when ``precision`` is (or on ``device`` resolves to) bf16 and
+    ``device`` has it natively, else None (fp32 tensors)."""
+    bf16 = resolved_precision(precision, device) == "bf16"
+    return torch.bfloat16 if bf16 and native_bf16(device) else None
 
 
 def describe_precision(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
     """What a run computes in, for its first line: ``bf16 autocast on cuda:0``, ``fp32 on cpu``,
     with a note when bf16 was asked for and is not native on ``device``."""
+    precision = resolved_precision(precision, device)
     if dtype is not None:
         return f"bf16 autocast on {device}"
+    if precision == "tf32" and device.type == "cuda":
+        return f"fp32 with TF32 matrix multiplies on {device}"
     if precision == "bf16":
         return f"fp32 (note: bf16 is not native here, and emulated it is slower) on {device}"
     return f"fp32 on {device}"

@@ -140,6 +140,11 @@ def accelerator(device: torch.device) -> dict[str, Any]:
     }
 
 
+def _fp32(device: torch.device) -> str:
+    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    return "fp32, TF32 matrix multiplies" if tf32 else "fp32"
+
+
 def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
     """What someone needs to reproduce a number: versions, hardware, the command line.
 
@@ -150,7 +155,7 @@ def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> 
         "device": str(runtime.device),
         **accelerator(runtime.device),
         "processes": runtime.world,
-        "precision": "bf16 autocast" if dtype else "fp32",
+        "precision": "bf16 autocast" if dtype else _fp32(runtime.device),
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "from_step": step,

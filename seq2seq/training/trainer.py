@@ -33,7 +33,12 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text, remove_temporaries
 from seq2seq.model.transformer import build_model
 from seq2seq.run import checkpoint
-from seq2seq.run.precision import autocast, autocast_dtype, describe_precision
+from seq2seq.run.precision import (
+    autocast,
+    autocast_dtype,
+    describe_precision,
+    set_matmul_precision,
+)
 from seq2seq.run.runlog import MetricsLog, say, write_environment
 from seq2seq.run.runtime import (
     Runtime,
@@ -207,6 +212,7 @@ class Trainer:
         config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
         config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
         self.dtype = autocast_dtype(t.precision, device)
+        set_matmul_precision(t.precision, device)
         if runtime.main:
             checkpoint.save_config(run_dir, config)
             atomic_write_text(
