@@ -303,6 +303,7 @@ def test_packed_attention_projections_start_as_q_k_v_initialised_apart():
     for rows, block in zip(
         (c.d_model, attn.d_kv, attn.d_kv),
         attn.in_proj.weight.split(attn.packed_rows()[attn.in_proj.weight]),
+        strict=True,
     ):
         expected = torch.nn.init.xavier_uniform_(torch.empty(rows, c.d_model))
         assert torch.equal(block, expected)
