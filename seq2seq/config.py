@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, finite_number
 
 SETTINGS = ("auto", "true", "false")  # of train.compile
 
@@ -224,15 +224,13 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise Seq2SeqError(f"config {where}: expected an integer, got {value!r}")
-    if annotation is float:
-        if isinstance(value, str):  # YAML 1.1 reads "5e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise Seq2SeqError(f"config {where}: expected a number, got {value!r}")
+    if annotation is float:  # YAML 1.1 reads "5e-4" (no dot) as a string; finite_number too
+        number = finite_number(value)
+        if number is None:
+            raise Seq2SeqError(
+                f"config {where}: expected a finite number in ASCII digits, got {value!r}"
+            )
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value
@@ -464,7 +462,7 @@ def _train_checks(t: TrainConfig) -> list[Check]:
         (t.precision in ("bf16", "fp32"), "train.precision must be 'bf16' or 'fp32'"),
         (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
         (
-            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", t.device) is not None,
+            re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
             "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
         ),
         (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),
