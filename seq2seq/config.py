@@ -173,6 +173,10 @@ class DecodeConfig:
                 f"decode.nbest must be between 1 and decode.beam, got nbest {self.nbest} "
                 f"with beam {self.beam}"
             )
+        if not -10 <= self.length_penalty <= 10:  # beyond, ((5 + len) / 6) ** alpha overflows
+            raise Seq2SeqError(
+                f"decode.length_penalty must be between -10 and 10, got {self.length_penalty}"
+            )
         # max_len = a * S + b, S counting the source's EOS: b = 0 is a fine rule when a > 0.
         if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b < 1):
             raise Seq2SeqError(

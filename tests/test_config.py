@@ -135,6 +135,7 @@ def test_a_float_is_a_finite_number_in_ascii_digits_from_set_and_from_a_file(ove
         ),
         (["model.n_kv_heads=3"], "n_kv_heads must divide"),
         (["model.dropout=1.5"], "dropouts must be in \\[0, 1\\)"),
+        (["decode.length_penalty=11"], "decode.length_penalty must be between -10 and 10"),
         (["train.device=cuda:\u0663"], "device must be"),  # re's \d takes other digits
         (["train.lr=0"], "train.lr must be in \\(0, 10\\]"),
         (["train.lr=-0.001"], "train.lr must be in \\(0, 10\\]"),
