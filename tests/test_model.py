@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import V
+from helpers import HOST_READS, V, no_host_reads
 from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
@@ -137,6 +137,47 @@ def test_mask_is_checked_once_per_batch_not_per_layer_or_step(host_reads):
         model.decode(tgt[:, i : i + 1], memory, mask, cache=cache, need_weights=i % 2 == 0)
     model.decode(tgt, memory, mask)  # causal mask, whole prefix
     assert len(host_reads) == 1
+
+
+def _set_masked(x: torch.Tensor) -> None:
+    y = x.clone()
+    y[x > 0] = 0.0
+
+
+PLANTED = {  # a read of each kind, of a layer's input x (detached)
+    "__bool__": lambda x: bool(x.sum() > 0),
+    "__int__": lambda x: int(x.sum()),
+    "__float__": lambda x: float(x.sum()),
+    "__index__": lambda x: [0, 1][x.argmax() % 2],
+    "item": lambda x: x.sum().item(),
+    "tolist": lambda x: x.tolist(),
+    "cpu": lambda x: x.cpu(),
+    "numpy": lambda x: x.numpy(),
+    "nonzero": lambda x: (x > 0).nonzero(),
+    "torch.nonzero": lambda x: torch.nonzero(x > 0),
+    "__getitem__ by a boolean mask": lambda x: x[x > 0],
+    "__setitem__ by a boolean mask": _set_masked,
+}
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_the_host_read_guard_catches_each_kind_of_read(kind, monkeypatch):
+    """The guard that test_train puts around the training forward: a read of each kind,
+    planted in a layer of the forward, is caught (and runs without the guard)."""
+    assert set(HOST_READS) < set(PLANTED)  # a plant for each read the guard names, and more
+    model = tiny().train()
+    norm, reads = model.encoder_norm, []
+
+    def planted(x, _forward=norm.forward):
+        reads.append(PLANTED[kind](x.detach()))
+        return _forward(x)
+
+    monkeypatch.setattr(norm, "forward", planted)
+    src, tgt = tokens(3, 6), tokens(3, 4, seed=2)
+    model(src, tgt, check=False)
+    assert len(reads) == 1  # the plant reads without the guard
+    with pytest.raises(AssertionError, match=f"read on the host: {kind}"), no_host_reads():
+        model(src, tgt, check=False)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
