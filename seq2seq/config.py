@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, finite_number
 
 SETTINGS = ("auto", "true", "false")  # of train.compile
 
@@ -176,6 +176,10 @@ class DecodeConfig:
                 f"decode.nbest must be between 1 and decode.beam, got nbest {self.nbest} "
                 f"with beam {self.beam}"
             )
+        if not -10 <= self.length_penalty <= 10:  # beyond, ((5 + len) / 6) ** alpha overflows
+            raise Seq2SeqError(
+                f"decode.length_penalty must be between -10 and 10, got {self.length_penalty}"
+            )
         # max_len = a * S + b, S counting the source's EOS: b = 0 is a fine rule when a > 0.
         if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b < 1):
             raise Seq2SeqError(
@@ -227,15 +231,13 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise Seq2SeqError(f"config {where}: expected an integer, got {value!r}")
-    if annotation is float:
-        if isinstance(value, str):  # YAML 1.1 reads "5e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise Seq2SeqError(f"config {where}: expected a number, got {value!r}")
+    if annotation is float:  # YAML 1.1 reads "5e-4" (no dot) as a string; finite_number too
+        number = finite_number(value)
+        if number is None:
+            raise Seq2SeqError(
+                f"config {where}: expected a finite number in ASCII digits, got {value!r}"
+            )
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value
@@ -474,7 +476,7 @@ def _train_checks(t: TrainConfig) -> list[Check]:
         ),
         (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
         (
-            re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", t.device) is not None,
+            re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
             "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
         ),
         (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),

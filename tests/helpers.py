@@ -1,6 +1,8 @@
 """Small builders shared by the test modules (pytest puts tests/ on sys.path)."""
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,19 @@ from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.training.trainer import train
 
 V = 20  # vocabulary of the tiny models: 4 specials + 16 tokens
+# Each reads a tensor's values on the host, so on a GPU waits for the device: Python numbers
+# from a tensor, copies to the CPU, and nonzero (its output's size is the count it finds).
+HOST_READS = (
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "nonzero",
+)
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -86,3 +101,37 @@ def tiny_run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train_sample_run(
         tmp_path_factory.getbasetemp() / "tiny_run", steps=60, validate_every=30
     )
+
+
+def _host_read(name: str):
+    def read(*args, **kwargs):
+        raise AssertionError(f"a tensor's values read on the host: {name}")
+
+    return read
+
+
+def _indexed(original, name: str):
+    """``Tensor.__getitem__`` or ``__setitem__`` that refuses a boolean mask as an index: the
+    result's size is the mask's count (a nonzero inside)."""
+
+    def index(self, key, *value):
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, torch.Tensor) and k.dtype in (torch.bool, torch.uint8) for k in keys):
+            raise AssertionError(f"a tensor's values read on the host: {name} by a boolean mask")
+        return original(self, key, *value)
+
+    return index
+
+
+@contextlib.contextmanager
+def no_host_reads() -> Iterator[None]:
+    """Within it, a read of a tensor's values on the host (``HOST_READS``, ``torch.nonzero``
+    and indexing by a boolean mask) raises AssertionError: the CPU's stand-in for
+    ``torch.cuda.set_sync_debug_mode("error")``."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in HOST_READS:
+            patch.setattr(torch.Tensor, name, _host_read(name))
+        patch.setattr(torch, "nonzero", _host_read("torch.nonzero"))
+        for name in ("__getitem__", "__setitem__"):
+            patch.setattr(torch.Tensor, name, _indexed(getattr(torch.Tensor, name), name))
+        yield

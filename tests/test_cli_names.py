@@ -1,7 +1,9 @@
-"""One name per meaning across commands, and the renamed options' old spellings still work."""
+"""One name per meaning across commands, the renamed options' old spellings still work, and
+every number an option takes is ASCII digits (a float also finite)."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
@@ -53,3 +55,67 @@ def test_data_drops_training_pairs_by_max_train_len_and_the_old_spelling_still_w
     dropped = re.search(r"dropped: train too long (\d+) \(limit 36 subwords", outputs["--max-len"])
     assert dropped and 0 < int(dropped.group(1)) < 40  # some of the 40 training pairs
     assert outputs["--max-len"] == outputs["--max-train-len"]
+
+
+TRAIN = ["--out", "{out}", "--data", "no/such/corpus"]  # a number taken would fail fast
+
+
+def numeric_options() -> list[tuple[str, argparse.Action]]:
+    """(command, option) for every option of every command that reads a number, found by what
+    its type makes of "4"."""
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found = []
+    for command, sub in commands.choices.items():
+        for action in sub._actions:
+            try:
+                value = action.type("4") if action.option_strings and action.type else None
+            except argparse.ArgumentTypeError:
+                continue
+            if isinstance(value, (int, float)):
+                found.append((command, action))
+    return found
+
+
+def test_every_numeric_option_takes_ascii_digits_and_finite_numbers_only():
+    options = numeric_options()
+    named = {(command, action.option_strings[0]) for command, action in options}
+    assert {("translate", "--beam"), ("train", "--max-time"), ("serve", "--port")} <= named
+    assert len(named) >= 20  # every command's, old spellings included
+    for _, action in options:
+        for text in ("\u0664", "\u00b2", "1_0", " 4"):  # int() and float() take all but "²"
+            with pytest.raises(argparse.ArgumentTypeError):  # argparse: one line, exit 2
+                action.type(text)
+        if isinstance(action.type("4"), float):
+            assert action.type("-2.5e-1") == -0.25
+            for text in ("nan", "inf", "-inf", "1e999", "\u0660.\u0665"):
+                with pytest.raises(argparse.ArgumentTypeError, match="a finite number"):
+                    action.type(text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["translate", "RUN", "--beam", "\u0664", "Ein Hund"], "--beam: expected a whole number"),
+        (["train", *TRAIN, "--max-steps", "\u0665\u0660"], "--max-steps: expected a whole"),
+        (["serve", "RUN", "--port", "\u0668\u0660\u0668\u0660"], "--port: expected a whole"),
+        (["train", *TRAIN, "--max-time", "\u0660.\u0665"], "--max-time: expected a finite"),
+        (
+            ["translate", "RUN", "--beam", "2", "--length-penalty", "nan", "Ein Hund"],
+            "--length-penalty: expected a finite number in ASCII digits, got 'nan'",
+        ),
+        (
+            ["evaluate", "RUN", "--beam", "2", "--length-penalty", "nan", "--split", "test"],
+            "--length-penalty: expected a finite number in ASCII digits, got 'nan'",
+        ),
+        (["translate", "RUN", "--max-len-a", "inf", "Ein Hund"], "--max-len-a: expected a finite"),
+        (["translate", "RUN", "--max-len-a", "nan", "Ein Hund"], "--max-len-a: expected a finite"),
+        (["serve", "RUN", "--deadline", "inf"], "--deadline: expected a finite number"),
+    ],
+)
+def test_a_bad_number_is_refused_naming_the_option_and_the_value(argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path / "run") if a == "{out}" else a for a in argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    assert message in err.strip().splitlines()[-1]

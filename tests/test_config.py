@@ -88,7 +88,7 @@ def test_unknown_key_in_a_file(tmp_path):
         (["model.d_model=big"], "model.d_model: expected an integer, got 'big'"),
         (["model.d_model=32.5"], "model.d_model: expected an integer"),
         (["model.d_model=true"], "model.d_model: expected an integer"),  # bool is not an int here
-        (["train.lr=fast"], "train.lr: expected a number"),
+        (["train.lr=fast"], "train.lr: expected a finite number"),
         (["data.joint_vocab=yes please"], "data.joint_vocab: expected true or false"),
         (["data.src=3"], "data.src: expected a string"),
         (["train.betas=0.9"], "train.betas: expected a list of 2 values"),
@@ -101,6 +101,32 @@ def test_type_errors(overrides, match):
 
 
 @pytest.mark.parametrize(
+    "override",
+    [
+        "train.lr=\u0660.\u0660\u0660\u0662",  # float() reads other digits: 0.002
+        "train.lr=2_0e-4",  # and underscores
+        "train.max_time=nan",
+        "model.dropout=.nan",
+        "train.cooldown=.nan",
+        "decode.length_penalty=.nan",
+        "decode.max_len_a=.inf",
+        "decode.max_len_a=1e999",
+        "data.subword_alpha=-.inf",
+        "train.betas=[0.9, .nan]",
+    ],
+)
+def test_a_float_is_a_finite_number_in_ascii_digits_from_set_and_from_a_file(override, tmp_path):
+    key, value = override.split("=")
+    message = f"config {key}: expected a finite number in ASCII digits, got "
+    one_line_error([override], message)
+    section, name = key.split(".")
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{section}:\n  {name}: {value}\n", encoding="utf-8")
+    with pytest.raises(Seq2SeqError, match=message):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
     ("overrides", "match"),
     [
         (
@@ -109,7 +135,8 @@ def test_type_errors(overrides, match):
         ),
         (["model.n_kv_heads=3"], "n_kv_heads must divide"),
         (["model.dropout=1.5"], "dropouts must be in \\[0, 1\\)"),
-        (["model.dropout=.nan"], "dropouts must be in \\[0, 1\\)"),
+        (["decode.length_penalty=11"], "decode.length_penalty must be between -10 and 10"),
+        (["train.device=cuda:\u0663"], "device must be"),  # re's \d takes other digits
         (["train.lr=0"], "train.lr must be in \\(0, 10\\]"),
         (["train.lr=-0.001"], "train.lr must be in \\(0, 10\\]"),
         (["train.label_smoothing=1.0"], "label_smoothing"),
@@ -118,7 +145,6 @@ def test_type_errors(overrides, match):
         (["train.device=tpu"], "device must be"),
         (["train.max_time=-1"], "max_time must be >= 0"),
         (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),
-        (["train.cooldown=.nan"], "train.cooldown must be in \\[0, 1\\]"),
         (["train.keep_last=2", "train.average_last=3"], "average_last must be between 0 and"),
         (["data.max_tokens=10"], "max_tokens must be at least data.max_len"),
         (["data.max_len=600"], "must fit in model.max_positions"),

@@ -120,6 +120,15 @@ def test_translate_command_with_ctranslate2_engine(run_dir, export_dir, capsys):
 
 
 @needs_ctranslate2
+@pytest.mark.parametrize("device", ["cuda:\u00b2", "cuda:\u0663", "cuda:x"])  # "²".isdigit()
+def test_a_gpu_index_not_in_ascii_digits_is_one_line(export_dir, capsys, device):
+    argv = ["translate", "--engine", "ctranslate2", "--device", device, str(export_dir), "Hund"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"unknown device '{device}'" in err
+
+
+@needs_ctranslate2
 def test_int8_export_is_smaller_and_translates(run_dir, export_dir, tmp_path):
     from seq2seq.decoding.export import CTranslate2Translator
 

@@ -3,8 +3,9 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import V
+from helpers import HOST_READS, V, no_host_reads
 from helpers import tiny_model as tiny
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding.search import translate_batch
@@ -139,6 +140,47 @@ def test_mask_is_checked_once_per_batch_not_per_layer_or_step(host_reads):
     assert len(host_reads) == 1
 
 
+def _set_masked(x: torch.Tensor) -> None:
+    y = x.clone()
+    y[x > 0] = 0.0
+
+
+PLANTED = {  # a read of each kind, of a layer's input x (detached)
+    "__bool__": lambda x: bool(x.sum() > 0),
+    "__int__": lambda x: int(x.sum()),
+    "__float__": lambda x: float(x.sum()),
+    "__index__": lambda x: [0, 1][x.argmax() % 2],
+    "item": lambda x: x.sum().item(),
+    "tolist": lambda x: x.tolist(),
+    "cpu": lambda x: x.cpu(),
+    "numpy": lambda x: x.numpy(),
+    "nonzero": lambda x: (x > 0).nonzero(),
+    "torch.nonzero": lambda x: torch.nonzero(x > 0),
+    "__getitem__ by a boolean mask": lambda x: x[x > 0],
+    "__setitem__ by a boolean mask": _set_masked,
+}
+
+
+@pytest.mark.parametrize("kind", PLANTED)
+def test_the_host_read_guard_catches_each_kind_of_read(kind, monkeypatch):
+    """The guard that test_train puts around the training forward: a read of each kind,
+    planted in a layer of the forward, is caught (and runs without the guard)."""
+    assert set(HOST_READS) < set(PLANTED)  # a plant for each read the guard names, and more
+    model = tiny().train()
+    norm, reads = model.encoder_norm, []
+
+    def planted(x, _forward=norm.forward):
+        reads.append(PLANTED[kind](x.detach()))
+        return _forward(x)
+
+    monkeypatch.setattr(norm, "forward", planted)
+    src, tgt = tokens(3, 6), tokens(3, 4, seed=2)
+    model(src, tgt, check=False)
+    assert len(reads) == 1  # the plant reads without the guard
+    with pytest.raises(AssertionError, match=f"read on the host: {kind}"), no_host_reads():
+        model(src, tgt, check=False)
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_search_steps_read_nothing_on_the_host(host_reads, monkeypatch, beam):
     """Greedy and beam search: the decoder's steps never read a tensor's values on the host
@@ -263,6 +305,44 @@ def test_dropout_scales_by_the_exact_one_over_one_minus_p_in_bf16(p):
     y.backward(upstream)
     assert torch.equal(x.grad[kept], (upstream.float() * (1 / (1 - p))).bfloat16()[kept])
     assert not x.grad[~kept].any()
+
+
+class GpuScalars(TorchDispatchMode):
+    """A GPU's arithmetic on the CPU: a 0-dim float tensor beside a larger one is an operand
+    like any other, cast to that one's dtype first (bf16 beside a bf16 x), where on the CPU it
+    is a scalar kept in float32 (TensorIterator's "CPU scalar")."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        shaped = [a.dtype for a in floats if a.dim() > 0]
+        if shaped:
+            cast = {id(a) for a in floats if a.dim() == 0}
+            args = [a.to(shaped[0]) if id(a) in cast else a for a in args]
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_compiled_dropout_scales_in_float32_as_the_eager_path_does(p, monkeypatch):
+    from seq2seq.model.layers import Dropout
+
+    drop = Dropout(p).train()
+    x = (torch.rand(256, 256) + 1.0).bfloat16().requires_grad_()
+    exact = (x.detach().float() * (1 / (1 - p))).bfloat16()  # what the eager path gives
+    compiled = torch.compile(drop, backend="aot_eager", dynamic=True)  # the graph, run eagerly
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = compiled(x)
+    kept = y != 0
+    assert kept.float().mean().item() == pytest.approx(1 - p, abs=0.01)
+    assert torch.equal(y[kept], exact[kept])
+    upstream = torch.rand_like(y) + 1.0
+    y.backward(upstream)
+    assert torch.equal(x.grad[kept], (upstream.float() * (1 / (1 - p))).bfloat16()[kept])
+    # The same branch under a GPU's rule for the 0-dim probability and scale tensors
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), GpuScalars():
+        y = drop(x)
+    kept = y != 0
+    assert torch.equal(y[kept], exact[kept])
 
 
 def test_dropout_gradient_is_the_same_mask_and_scale():

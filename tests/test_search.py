@@ -96,6 +96,7 @@ def test_max_output_length_follows_a_s_plus_b_within_the_position_limit():
     assert max_output_length(7, 1.5, 10, 512) == 20  # floored
     assert max_output_length(100, 1.5, 10, 64) == 63  # BOS + 63 tokens = 64 positions
     assert max_output_length(3, 0.0, 0, 64) == 1
+    assert max_output_length(3, 1e308, 10, 64) == 63  # a * S overflows to inf: capped
     with pytest.raises(ValueError):
         max_output_length(3, 1.0, 1, 1)
     assert gnmt_length_penalty(1, 1.0) == 1.0 and gnmt_length_penalty(7, 0.0) == 1.0

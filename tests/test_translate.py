@@ -94,6 +94,13 @@ def test_decode_overrides_keep_what_is_not_given():
     assert run.nbest == 1
     with pytest.raises(Seq2SeqError, match="decode.nbest must be between 1 and decode.beam"):
         run.with_overrides(nbest=5)
+    with pytest.raises(Seq2SeqError, match="decode.length_penalty must be between -10 and 10"):
+        run.with_overrides(length_penalty=float("nan"))  # a library caller's, not parsed
+
+
+def test_a_length_rule_beyond_a_float_stops_at_the_model_positions(run_dir, capsys):
+    assert main(["translate", str(run_dir), "--beam", "2", "--max-len-a", "1e308", "Hallo"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
 
 
 def test_stream_writes_each_chunk_before_reading_on(translator):
@@ -208,6 +215,7 @@ def test_cli_nbest_format(run_dir, capsys):
         ["translate", "{run}", "--nbest", "2", "Hallo"],
         ["translate", "{run}", "-i", "no/such/file.txt"],
         ["translate", "{broken}", "Hallo"],
+        ["translate", "{run}", "--beam", "2", "--length-penalty", "1e6", "Hallo"],  # overflows
     ],
 )
 def test_cli_errors_are_one_line(run_dir, tmp_path, capsys, args):

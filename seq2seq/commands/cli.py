@@ -43,14 +43,14 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=cli_decode.whole_number_arg,
         help=f"default: sized to the corpus, at most {defaults.vocab_size}",
     )
     cli_decode.add_renamed(
         p,
         "--max-train-len",
         "--max-len",  # which now means an output's length cap alone (attention, serve)
-        type=int,
+        type=cli_decode.whole_number_arg,
         default=defaults.max_len,
         metavar="N",
         help="drop training pairs longer than this many subwords a side (default: "
@@ -58,7 +58,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-tokens",
-        type=int,
+        type=cli_decode.whole_number_arg,
         default=defaults.max_tokens,
         help="tokens per batch, per side (default: %(default)s, as training)",
     )
@@ -164,23 +164,23 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-time",
-        type=float,
+        type=cli_decode.finite_number_arg,
         metavar="MINUTES",
         help="training-time budget in minutes (default 30; 0 = none, stop by patience or "
         "epochs); the learning rate cools down over its last 30%% (train.cooldown)",
     )
     p.add_argument(
         "--max-steps",
-        type=int,
+        type=cli_decode.whole_number_arg,
         help="step budget; without --max-time it is the only budget (no 30-minute limit) and "
         "the cool-down follows it",
     )
     p.add_argument(
         "--max-epochs",
-        type=int,
+        type=cli_decode.whole_number_arg,
         help="epoch budget (default 100); without --max-time there is no time limit",
     )
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=cli_decode.whole_number_arg)
     p.add_argument("--device", help=cli_decode.DEVICE_HELP)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument(
@@ -249,7 +249,12 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
         "of a run directory, e.g. seq2seq translate RUN/averaged.safetensors TEXT.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--last", type=int, default=5, help="how many (default: %(default)s)")
+    p.add_argument(
+        "--last",
+        type=cli_decode.whole_number_arg,
+        default=5,
+        help="how many (default: %(default)s)",
+    )
     p.add_argument(
         "-o",
         "--output",

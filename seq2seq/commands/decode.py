@@ -10,7 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from seq2seq.errors import Seq2SeqError, whole_number
+from seq2seq.errors import Seq2SeqError, finite_number, whole_number
 
 DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
 
@@ -50,6 +50,24 @@ def add_columns(p: argparse.ArgumentParser) -> None:
         help="the source and target columns of a TSV corpus, by position from 1 or header name, "
         "e.g. 1,2 (default: a header naming the languages, else the first two)",
     )
+
+
+def whole_number_arg(text: str) -> int:
+    """``type=`` of every integer option: ASCII digits only, as ``errors.whole_number`` reads
+    them (``int()`` takes "٤" and "1_0")."""
+    number = whole_number(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"expected a whole number in ASCII digits, got '{text}'")
+    return number
+
+
+def finite_number_arg(text: str) -> float:
+    """``type=`` of every real-valued option: a finite number in ASCII digits, as
+    ``errors.finite_number`` reads it (``float()`` takes "nan", "inf" and "٠.٥")."""
+    number = finite_number(text)
+    if number is None:
+        raise argparse.ArgumentTypeError(f"expected a finite number in ASCII digits, got '{text}'")
+    return number
 
 
 def _layer_arg(text: str) -> int | str:
@@ -113,10 +131,14 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         "mean (default: mean)",
     )
     p.add_argument(
-        "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
+        "--beam",
+        type=whole_number_arg,
+        help="beam size; 1 = greedy (default: the run's decode.beam)",
     )
     p.add_argument(
-        "--max-len", type=int, help="stop outputs at this many subwords (default: a * S + b)"
+        "--max-len",
+        type=whole_number_arg,
+        help="stop outputs at this many subwords (default: a * S + b)",
     )
     p.add_argument(
         "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
@@ -208,7 +230,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "stops.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument("--port", type=int, default=8000, help="0 = any free port (default: 8000)")
+    p.add_argument(
+        "--port", type=whole_number_arg, default=8000, help="0 = any free port (default: 8000)"
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument(
         "--public",
@@ -218,7 +242,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--deadline",
-        type=float,
+        type=finite_number_arg,
         default=60.0,
         metavar="SECONDS",
         help="a request not decoded within this long, waiting for the model included, gets "
@@ -233,7 +257,7 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from seq2seq.inspect.serve import serve
 
-    if not 0 < args.deadline <= threading.TIMEOUT_MAX:  # NaN fails both
+    if not 0 < args.deadline <= threading.TIMEOUT_MAX:
         raise Seq2SeqError(f"--deadline must be a number of seconds above 0, got {args.deadline}")
     serve(
         args.run_dir,
@@ -250,11 +274,15 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
     run's ``decode`` config section."""
     p.add_argument(
-        "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
+        "--beam",
+        type=whole_number_arg,
+        help="beam size; 1 = greedy (default: the run's decode.beam)",
     )
-    p.add_argument("--length-penalty", type=float, help="GNMT alpha for beam search")
-    p.add_argument("--max-len-a", type=float, help="max output subwords = a * source subwords + b")
-    p.add_argument("--max-len-b", type=int)
+    p.add_argument("--length-penalty", type=finite_number_arg, help="GNMT alpha for beam search")
+    p.add_argument(
+        "--max-len-a", type=finite_number_arg, help="max output subwords = a * source subwords + b"
+    )
+    p.add_argument("--max-len-b", type=whole_number_arg)
     p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow)")
     p.add_argument(
         "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
@@ -263,7 +291,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
         p,
         "--max-tokens",
         "--batch-tokens",
-        type=int,
+        type=whole_number_arg,
         help="source tokens per batch (default: decode.max_tokens)",
     )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
@@ -302,7 +330,9 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="write here (in place, flushed per chunk) instead of stdout",
     )
-    p.add_argument("--nbest", type=int, help="hypotheses per input (needs --beam >= N)")
+    p.add_argument(
+        "--nbest", type=whole_number_arg, help="hypotheses per input (needs --beam >= N)"
+    )
     p.add_argument(
         "--verbose",
         action="store_true",

@@ -33,7 +33,7 @@ from seq2seq.config import DecodeConfig, ModelConfig
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
 from seq2seq.decoding.search import Hypothesis, gnmt_length_penalty, max_output_length
 from seq2seq.decoding.translate import Translator
-from seq2seq.errors import Seq2SeqError
+from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.model.transformer import Seq2Seq
 from seq2seq.run.checkpoint import CONFIG_FILE, load_config_file, load_run, save_config
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -189,12 +189,12 @@ def _ct2_device(device: str) -> tuple[str, int]:
     if device == "cpu":
         return "cpu", 0
     if device == "cuda" or device.startswith("cuda:"):
-        index = device.partition(":")[2]
-        if not index.isdigit() and index:
+        index = whole_number(device.partition(":")[2] or "0")
+        if index is None:
             raise Seq2SeqError(f"unknown device '{device}' (use auto, cpu, cuda or cuda:N)")
-        if _ctranslate2().get_cuda_device_count() <= int(index or 0):
+        if _ctranslate2().get_cuda_device_count() <= index:
             raise Seq2SeqError(f"device '{device}' asked for, but CTranslate2 sees no such GPU")
-        return "cuda", int(index or 0)
+        return "cuda", index
     raise Seq2SeqError(f"device '{device}' is not available to CTranslate2 (use cpu or cuda)")
 
 

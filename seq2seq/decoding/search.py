@@ -93,7 +93,8 @@ def max_output_length(src_len: int, a: float, b: int, max_positions: int) -> int
     teacher-forced by ``force_decode``."""
     if max_positions < 2:
         raise ValueError("max_positions must leave room for BOS and one token")
-    return max(1, min(math.floor(a * src_len + b), max_positions - 1))
+    # capped before flooring: a large finite a (1e308) makes a * src_len inf
+    return max(1, math.floor(min(a * src_len + b, max_positions - 1)))
 
 
 def greedy_search(

@@ -39,12 +39,14 @@ class Dropout(nn.Module):
     noise tensor). Same law: each element kept with probability 1 - p (to 1/65536) and scaled
     by 1/(1 - p) computed in float32, also under bf16 autocast; masks from torch's default
     generator, so a seed and ``--resume`` reproduce them. On other devices it is
-    ``F.dropout``. Under ``torch.compile`` the probability is read from a tensor inside the
-    graph, so a schedule that moves it every step compiles once, not once per value."""
+    ``F.dropout``. Under ``torch.compile`` the probability and the scale are read from tensors
+    inside the graph, so a schedule that moves them every step compiles once, not once per
+    value."""
 
     def __init__(self, p: float) -> None:
         super().__init__()
         self.register_buffer("rate", torch.tensor(float(p)), persistent=False)
+        self.register_buffer("scale", torch.tensor(1.0), persistent=False)
         self.p = p
 
     @property
@@ -56,13 +58,16 @@ class Dropout(nn.Module):
         self._p = float(value)  # what eager code reads: no device sync for it
         self.active = value > 0.0  # what a compiled graph guards on: one bool, not the value
         self.rate.fill_(value)
+        self.scale.fill_(1.0 / (1.0 - value))  # float32 of the eager path's Python float
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or not self.active:
             return x
         if torch.compiler.is_compiling():
+            # Scaled in float32, then cast, as on the eager path: on a GPU a 0-dim tensor in
+            # bf16 arithmetic is rounded to bf16 first (1 - 0.1 became 0.8984375).
             keep = torch.rand_like(x, dtype=torch.float32) >= self.rate
-            return x * keep / (1.0 - self.rate)
+            return (x.float() * keep * self.scale).to(x.dtype)
         if x.device.type != "cpu":
             return F.dropout(x, self.p, True)
         return _MaskAndScale.apply(x, keep_mask(x.shape, self.p), self.p)
