@@ -86,7 +86,7 @@ def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
     assert torch.get_num_threads() == 3  # SentencePiece and the batches run on them
 
 
-def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch):
+def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch, tmp_path):
     def init(backend, timeout=None, device_id=None):  # the arguments of torch's own
         fake_gpus.append(("init_process_group", backend, device_id))
 
@@ -95,11 +95,15 @@ def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, mon
     env = {"WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # a 64-core host whose CPU quota allows 8: each of the 4 local ranks takes 2 threads
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    (tmp_path / "cpu.max").write_text("800000 100000\n")
+    monkeypatch.setattr(runtime, "CGROUP", tmp_path)
     rt = runtime.setup_runtime("cuda")
     gpu = torch.device("cuda", 2)
     assert (rt.rank, rt.world, rt.device) == (2, 4, gpu)
     assert fake_gpus == [("set_device", gpu), ("init_process_group", "nccl", gpu)]
-    assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 4)
+    assert torch.get_num_threads() == 2  # the usable CPUs over the local ranks, not 64 // 4
 
 
 @pytest.mark.cuda
