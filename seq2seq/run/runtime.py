@@ -27,33 +27,63 @@ Value = TypeVar("Value")
 PREPARE_TIMEOUT = timedelta(hours=12)
 
 
-CGROUP = Path("/sys/fs/cgroup")  # this container's cgroup, as a container sees it
+CGROUP = Path("/sys/fs/cgroup")  # where the cgroup filesystem is mounted
+MEMBERSHIP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 
 
-def cgroup_cpu_quota(cgroup: Path | None = None) -> float | None:
-    """The CPUs a cgroup's quota allows (quota / period: 1.5 for 150 ms in every 100 ms),
-    from cgroup v2's ``cpu.max`` or v1's ``cpu/cpu.cfs_quota_us``; None without a quota."""
-    cgroup = cgroup or CGROUP
-    v2, v1 = cgroup / "cpu.max", cgroup / "cpu"
+def cgroup_cpu_quota(root: Path | None = None, membership: Path | None = None) -> float | None:
+    """The CPUs the cgroup quotas allow this process (quota / period: 1.5 for 150 ms in every
+    100 ms), the tightest among its own cgroup and those above it: on a host, a systemd slice
+    or a Slurm job's cgroup limits the process, not the root's. The cgroups are the ones
+    ``membership`` names under ``root`` (cgroup v2's ``cpu.max``, v1's ``cpu`` controller's
+    ``cpu.cfs_quota_us``); None without a quota."""
+    root, membership = root or CGROUP, membership or MEMBERSHIP
+    quotas = [_quota(folder) for folder in _own_cgroups(root, membership)]
+    return min((quota for quota in quotas if quota is not None), default=None)
+
+
+def _own_cgroups(root: Path, membership: Path) -> list[Path]:
+    """The folders of this process's cgroups (v2 ``0::/path``, v1 ``N:cpu,...:/path``) and of
+    every cgroup above them, then the mount's root. A container without a cgroup namespace
+    sees a path outside its view: the folders not there are skipped, and the mount's root is
+    the container's own cgroup."""
     try:
-        if v2.is_file():
-            quota, period = v2.read_text().split()
+        lines = membership.read_text().splitlines()
+    except OSError:  # no /proc (macOS)
+        lines = []
+    folders = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        mount = root if not controllers else root / "cpu"  # v1: cpu -> cpu,cpuacct
+        parts = Path(path).parts[1:]  # below "/"
+        folders += [mount.joinpath(*parts[:n]) for n in range(len(parts), 0, -1)]
+    return [*folders, root, root / "cpu"]
+
+
+def _quota(cgroup: Path) -> float | None:
+    """One cgroup's CPU quota, from v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us``; None
+    without one."""
+    try:
+        if (cgroup / "cpu.max").is_file():
+            quota, period = (cgroup / "cpu.max").read_text().split()
         else:
-            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
-            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+            quota = (cgroup / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu.cfs_period_us").read_text().strip()
         if quota in ("max", "-1"):
             return None
         return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup files, or ones this does not read: no quota known
+    except (OSError, ValueError, ZeroDivisionError):  # no files, or ones this does not read
         return None
 
 
-def usable_cpus(cgroup: Path | None = None) -> int:
-    """The CPUs this process may run on (its affinity), capped by the cgroup's quota rounded
+def usable_cpus(root: Path | None = None, membership: Path | None = None) -> int:
+    """The CPUs this process may run on (its affinity), capped by its cgroups' quota rounded
     down: a 2-CPU quota on a 64-core host is 2, not 64."""
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
     cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup)
+    quota = cgroup_cpu_quota(root, membership)
     return min(cpus, max(1, math.floor(quota))) if quota else cpus
 
 
