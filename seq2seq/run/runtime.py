@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -267,14 +268,18 @@ def gather(runtime: Runtime, value: Value) -> list[Value]:
 
 
 class StopSignals:
-    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits."""
+    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits.
+    Installed only in the main thread, the one Python runs signal handlers in (``installed``):
+    elsewhere ``signal.signal`` refuses, and a signal goes to the main thread's handler."""
 
     def __init__(self) -> None:
         self.received: str | None = None
         self.previous: dict[int, Any] = {}
+        self.installed = False
 
     def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        self.installed = threading.current_thread() is threading.main_thread()
+        for sig in (signal.SIGINT, signal.SIGTERM) if self.installed else ():
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -284,3 +289,4 @@ class StopSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous.clear()

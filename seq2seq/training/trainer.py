@@ -135,15 +135,17 @@ def train(
     """
     run_dir = Path(run_dir)
     runtime = setup_runtime(config.train.device, config.train.threads)
-    if runtime.main:
-        checkpoint.prepare_run_dir(run_dir, resume, overwrite)
+    # a run stopped before its first checkpoint has nothing to resume: it starts afresh
+    unstarted = runtime.main and checkpoint.prepare_run_dir(run_dir, resume, overwrite)
     barrier(runtime)
     lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
         if runtime.main:
             remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
-        if overwrite and not resume and runtime.main:
+        if (overwrite or unstarted) and not resume and runtime.main:
             checkpoint.clear_run_dir(run_dir)
+        if unstarted and not overwrite:
+            say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
         if resume:
             saved = checkpoint.load_config_file(run_dir)
             for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
@@ -302,6 +304,12 @@ class Trainer:
         s.finished = False
         self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
         with self.signals, self.subwords or contextlib.nullcontext():
+            if not self.signals.installed:
+                self.say(
+                    "note: training in a thread, not the main one: a signal (Ctrl-C, SIGTERM, "
+                    "a notebook's stop button) cannot stop it at a step's end and save it "
+                    "(Python takes signals in the main thread alone)"
+                )
             while s.stop_reason is None and s.epoch < t.max_epochs:
                 self.train_epoch()
                 self.save()
