@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,17 @@ def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
     assert (gpu["cuda"], gpu["cudnn"], gpu["nccl"]) == ("12.8", 90100, "2.27.3")
     [cpu] = json.loads((tmp_path / "cpu" / "environment.json").read_text())["segments"]
     assert cpu["device"] == "cpu" and not {"gpu", "cuda", "cudnn", "nccl"} & cpu.keys()
+
+
+def test_a_second_signal_stops_at_once_saying_what_was_last_saved():
+    said, before = [], signal.getsignal(signal.SIGINT)
+    with runtime.StopSignals(said.append) as signals:
+        signal.raise_signal(signal.SIGINT)  # the first: a flag, the step finishes and saves
+        assert signals.received == "SIGINT" and said == []
+        signals.saved = "last saved: step 3, in RUN/last.safetensors"
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM: stopped at once; last saved: step 3"):
+            signal.raise_signal(signal.SIGTERM)  # the second, during validation say
+    assert said == [
+        "a second SIGTERM: stopped at once; last saved: step 3, in RUN/last.safetensors"
+    ]
+    assert signal.getsignal(signal.SIGINT) is before

@@ -1,7 +1,8 @@
 """Training from Python as a notebook cell does it (``seq2seq.train``): the CLI's config and
 ``--set`` overrides, and the stop button (SIGINT to the kernel) saving the run so that running
 the cell again resumes it to the weights an uninterrupted run reaches; a run stopped before
-its first checkpoint started afresh by the same cell or command; training from a thread."""
+its first checkpoint started afresh by the same cell or command; a second stop at once;
+training from a thread."""
 
 import signal
 import threading
@@ -94,7 +95,31 @@ def test_a_config_file_and_overrides_are_the_clis(tmp_path):
 def command(out, *extra: str) -> int:
     """``seq2seq train --out OUT --set ...`` as the command line runs it, in this process."""
     settings = [arg for setting in TINY for arg in ("--set", setting)]
-    return main(["train", "--out", str(out), "--no-progress", *extra, *settings])
+    return main(["train", "--out", str(out), "--no-progress", *settings, *extra])
+
+
+def test_a_second_stop_during_validation_stops_at_once_and_the_saved_state_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    validate = Trainer.validate
+
+    def pressed_twice(self, *args, **kwargs):  # Ctrl-C, then again before validation ends
+        if self.state.step == STEPS:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+        validate(self, *args, **kwargs)
+
+    half = ["--set", f"train.validate_every={STEPS // 2}"]
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "validate", pressed_twice)
+        assert command(tmp_path / "run", *half) == 130
+    err = capsys.readouterr().err
+    last = tmp_path / "run" / checkpoint.LAST_FILE
+    assert f"a second SIGINT: stopped at once; last saved: step {STEPS // 2}, in {last}" in err
+    assert "Traceback" not in err and "stopped: " not in err
+    assert checkpoint.read_tensors(last)[1]["step"] == STEPS // 2
+    assert command(tmp_path / "run", *half, "--resume") == 0
+    assert f"resuming at step {STEPS // 2}" in capsys.readouterr().err
 
 
 def test_a_run_interrupted_while_preparing_starts_afresh_with_the_same_command(

@@ -269,11 +269,15 @@ def gather(runtime: Runtime, value: Value) -> list[Value]:
 
 class StopSignals:
     """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits.
-    Installed only in the main thread, the one Python runs signal handlers in (``installed``):
-    elsewhere ``signal.signal`` refuses, and a signal goes to the main thread's handler."""
+    A second one stops at once, wherever the run is (validating, averaging, waiting): it
+    ``say``s what was last saved (``saved``, kept up to date by the trainer) and raises
+    KeyboardInterrupt. Installed only in the main thread, the one Python runs signal handlers
+    in (``installed``): elsewhere ``signal.signal`` refuses."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None] = lambda message: None) -> None:
         self.received: str | None = None
+        self.saved = "no training state saved yet"
+        self.say = say
         self.previous: dict[int, Any] = {}
         self.installed = False
 
@@ -284,7 +288,13 @@ class StopSignals:
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            return
+        message = f"a second {name}: stopped at once; {self.saved}"
+        self.say(message)
+        raise KeyboardInterrupt(message)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():

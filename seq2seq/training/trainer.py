@@ -247,7 +247,9 @@ class Trainer:
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
         )
-        self.signals = StopSignals()
+        self.signals = StopSignals(self.say)  # a second signal says what was last saved
+        if resume:
+            self.signals.saved = self.saved_state()
         # A monotonic clock: a suspended laptop or a clock step does not count as training.
         self.started = time.monotonic() - self.state.elapsed
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
@@ -584,6 +586,11 @@ class Trainer:
                 dataclasses.asdict(self.state),
                 rng,
             )
+        self.signals.saved = self.saved_state()
+
+    def saved_state(self) -> str:
+        """What a run stopped now would resume from, in words."""
+        return f"last saved: step {self.state.step}, in {self.run_dir / checkpoint.LAST_FILE}"
 
     def replacing_weights(self) -> None:
         """Called on rank 0 before it writes any weights: a resumed run's first write removes
