@@ -42,6 +42,7 @@ from seq2seq.run.runtime import (
     barrier,
     distributed,
     gather,
+    main_first,
     peak_memory,
     seed_ranks,
     setup_runtime,
@@ -232,17 +233,14 @@ class Trainer:
             self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
         self.use_pairs(self.data.train)
         self.subwords = None  # the epochs' sampled segmentations, when data.subword_alpha is set
-        if config.data.subword_alpha:
-            directory = run_dir / SAMPLED_DIR
-            if runtime.world > 1:  # every rank samples the same pairs, each into its own folder
-                directory = directory / f"rank_{runtime.rank}"
+        if config.data.subword_alpha:  # rank 0 samples into RUN/subword, every rank reads it
             self.subwords = EpochSampler(
                 self.data.train,
                 Tokenizer.model_files(run_dir),
                 lambda epoch: subword_alpha_at(config, epoch),
                 t.seed,
                 config.data.max_len,
-                directory,
+                run_dir / SAMPLED_DIR,
             )
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
@@ -336,7 +334,11 @@ class Trainer:
     def train_epoch(self) -> None:
         s, t = self.state, self.config.train
         if self.subwords is not None:
-            self.use_pairs(self.subwords.pairs(s.epoch))
+            pairs = self.epoch_pairs()
+            if pairs is None:  # a signal while rank 0 waited for the sampling: stop, saved
+                s.stop_reason = self.check_stop()
+                return
+            self.use_pairs(pairs)
         batches = self.sampler.batches(s.epoch)
         bar = tqdm(
             total=len(batches),
@@ -378,6 +380,19 @@ class Trainer:
             if not t.validate_every and not (s.stop_reason or "").startswith("signal"):
                 self.validate()
                 s.stop_reason = s.stop_reason or self.check_stop()
+
+    def epoch_pairs(self) -> PairStore | None:
+        """This epoch's sampled training pairs. Rank 0 alone samples, while the other ranks
+        wait; then every rank reads its store from RUN/subword, which every machine sees, as
+        RUN/data. None when a signal to rank 0 stopped the sampling it waited for."""
+        epoch = self.state.epoch
+
+        def stopping() -> bool:
+            return self.signals.received is not None
+
+        if not main_first(self.runtime, lambda: self.subwords.sample(epoch, stopping)):
+            return None
+        return self.subwords.read(epoch)
 
     # -- the steps -----------------------------------------------------------------------
 
