@@ -111,9 +111,9 @@ def bench_subwords(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(config, Path(run_dir), runtime, False, False, False)
         began = time.perf_counter()
-        trainer.use_pairs(trainer.subwords.pairs(0))  # epoch 0, sampled before it starts
+        trainer.use_pairs(trainer.epoch_pairs())  # epoch 0, sampled before it starts
         sample_s = time.perf_counter() - began
-        trainer.subwords.__exit__()  # pairs(0) started epoch 1's worker: stop it
+        trainer.subwords.__exit__()  # sampling epoch 0 started epoch 1's worker: stop it
         groups = [[b] for b in trainer.sampler.batches(0)]
         seconds_per_step(trainer, groups[: args.steps], 2)  # warm-up
         times: dict[str, list[float]] = {"alone": [], "sampling beside": []}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -131,16 +132,20 @@ def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
     assert torch.get_num_threads() == 3  # SentencePiece and the batches run on them
 
 
-def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch):
+def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch, tmp_path):
     monkeypatch.setattr(dist, "get_rank", lambda: 2)
     env = {"WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+    # a 64-core host whose CPU quota allows 8: each of the 4 local ranks takes 2 threads
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    (tmp_path / "cpu.max").write_text("800000 100000\n")
+    monkeypatch.setattr(runtime, "CGROUP", tmp_path)
     rt = runtime.setup_runtime("cuda")
     gpu = torch.device("cuda", 2)
     assert (rt.rank, rt.world, rt.device) == (2, 4, gpu)
     assert fake_gpus == [("set_device", gpu), ("init_process_group", "nccl", gpu)]
-    assert torch.get_num_threads() == max(1, (os.cpu_count() or 1) // 4)
+    assert torch.get_num_threads() == 2  # the usable CPUs over the local ranks, not 64 // 4
 
 
 @pytest.mark.cuda
@@ -164,3 +169,17 @@ def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
     assert (gpu["cuda"], gpu["cudnn"], gpu["nccl"]) == ("12.8", 90100, "2.27.3")
     [cpu] = json.loads((tmp_path / "cpu" / "environment.json").read_text())["segments"]
     assert cpu["device"] == "cpu" and not {"gpu", "cuda", "cudnn", "nccl"} & cpu.keys()
+
+
+def test_a_second_signal_stops_at_once_saying_what_was_last_saved():
+    said, before = [], signal.getsignal(signal.SIGINT)
+    with runtime.StopSignals(said.append) as signals:
+        signal.raise_signal(signal.SIGINT)  # the first: a flag, the step finishes and saves
+        assert signals.received == "SIGINT" and said == []
+        signals.saved = "last saved: step 3, in RUN/last.safetensors"
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM: stopped at once; last saved: step 3"):
+            signal.raise_signal(signal.SIGTERM)  # the second, during validation say
+    assert said == [
+        "a second SIGTERM: stopped at once; last saved: step 3, in RUN/last.safetensors"
+    ]
+    assert signal.getsignal(signal.SIGINT) is before

@@ -2,6 +2,7 @@
 length limits, n-best order, attention shapes and back-pointer tracing (== force_decode),
 and a deadline checked at every step."""
 
+import copy
 import time
 
 import pytest
@@ -145,10 +146,11 @@ def test_greedy_equals_a_plain_reference_loop(trained):
 @pytest.mark.cuda
 def test_on_a_gpu_decoding_equals_the_cpus(trained):
     src = sources([7, 2, 5], seed=3)
+    # a copy: the module's model stays on the CPU for the later tests, whatever fails here
+    on_gpu_model = copy.deepcopy(trained).cuda()
     for decode in (DecodeConfig(), DecodeConfig(beam=3, nbest=2)):
         on_cpu = flat(translate_batch(trained, src, decode))
-        on_gpu = flat(translate_batch(trained.cuda(), src.cuda(), decode))
-        trained.cpu()
+        on_gpu = flat(translate_batch(on_gpu_model, src.cuda(), decode))
         assert_same(on_gpu, on_cpu)
 
 

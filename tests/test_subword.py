@@ -1,18 +1,35 @@
 """Subword regularisation: BPE-dropout that is SentencePiece's segmentation at alpha 0, a
-function of (seed, epoch, side), sampled per epoch from the store, training pairs only."""
+function of (seed, epoch, side), sampled per epoch from the store, training pairs only; the
+worker in a session of its own at low priority, stopped by the trainer on a signal; under
+torchrun sampled by rank 0 alone."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 from helpers import child_env
-from test_train import SAMPLE, read_metrics, tiny_config
+from test_train import (
+    REPO,
+    SAMPLE,
+    SUBPROCESS_TIMEOUT_S,
+    needs_gloo,
+    read_metrics,
+    subprocess_env,
+    tiny_config,
+    torchrun,
+    train_losses,
+    write_tiny_yaml,
+)
 
 from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.data.subword import (
@@ -20,9 +37,11 @@ from seq2seq.data.subword import (
     BpeDropout,
     EpochSampler,
     subword_rng,
+    worker_env,
     write_sampled_epoch,
 )
 from seq2seq.data.tokenizer import JOINT_FILE, Tokenizer
+from seq2seq.run import checkpoint
 from seq2seq.training.prepare import DATA_DIR
 from seq2seq.training.trainer import train
 
@@ -139,3 +158,145 @@ def test_a_run_that_stops_leaves_no_half_sampled_epoch(tmp_path):
         pass
     assert [p.name for p in directory.iterdir()] == ["epoch_1"]
     assert sampler.workers == {}
+
+
+# ---------------------------------------------------------------------------------------
+# The worker process: its session, priority and environment, and stopping it.
+
+SAMPLING = {"data__subword_alpha": 0.3, "data__subword_epochs": "[0,0]", **MERGES}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[PairStore, dict[str, Path]]:
+    """A tiny run's store and tokenizer models, to sample from."""
+    run = tmp_path_factory.mktemp("prepared") / "run"
+    train(tiny_config(train__max_steps=1, **MERGES), run, progress=False)
+    store = PairStore(run / DATA_DIR, read_manifest(run / DATA_DIR)["dtype"])
+    return store, Tokenizer.model_files(run)
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="waits for the worker without reaping it")
+def test_the_worker_runs_in_a_session_of_its_own_at_low_priority(prepared, tmp_path):
+    sampler = EpochSampler(*prepared, lambda epoch: 0.2, 1, 60, tmp_path / SAMPLED_DIR)
+    with sampler:
+        assert sampler.sample(0)  # epoch 0 sampled, epoch 1's worker started
+        worker = sampler.workers[1]
+        # a Ctrl-C at the terminal goes to its foreground process group: not the worker's
+        assert os.getsid(worker.pid) == worker.pid != os.getsid(0)
+        assert os.getpgid(worker.pid) != os.getpgid(0)
+        os.waitid(os.P_PID, worker.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, worker.pid) == min(ours + 10, 19)
+        assert len(sampler.read(1)) == len(prepared[0])
+
+
+def test_the_workers_pythonpath_has_this_seq2seq_first_and_no_empty_entry():
+    root = str(REPO)
+    assert worker_env({"HOME": "/h"}) == {"HOME": "/h", "PYTHONPATH": root}
+    for given in ("", os.pathsep, f"/a{os.pathsep}{os.pathsep}/b{os.pathsep}"):
+        found = worker_env({"PYTHONPATH": given})["PYTHONPATH"].split(os.pathsep)
+        assert found[0] == root and "" not in found, given
+
+
+def test_a_stop_while_waiting_for_the_sampling_stops_the_worker(prepared, tmp_path):
+    sampler, started = (
+        EpochSampler(*prepared, lambda epoch: 0.2, 1, 60, tmp_path / SAMPLED_DIR),
+        [],
+    )
+
+    def stopping() -> bool:  # a signal came while the trainer waited
+        started.extend(sampler.workers.values())
+        return True
+
+    with sampler:
+        assert not sampler.sample(0, stopping)
+        assert sampler.workers == {} and started[0].returncode == -signal.SIGKILL
+    assert list((tmp_path / SAMPLED_DIR).glob("epoch_*")) == []
+
+
+def test_a_signal_while_the_trainer_waits_on_the_sampling_is_a_clean_stop(
+    tmp_path, monkeypatch, capsys
+):
+    run, sample = tmp_path / "run", EpochSampler.sample
+
+    def signalled(self, *args):  # the stop button, pressed as the first epoch's sampling starts
+        signal.raise_signal(signal.SIGINT)
+        return sample(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(EpochSampler, "sample", signalled)
+        state = train(tiny_config(train__max_steps=3, **SAMPLING), run, progress=False)
+    assert (state["step"], state["stop_reason"]) == (0, "signal SIGINT")
+    assert "stopped: signal SIGINT" in capsys.readouterr().err
+    assert list((run / SAMPLED_DIR).glob("epoch_*")) == []
+    state = train(tiny_config(train__max_steps=3, **SAMPLING), run, resume=True, progress=False)
+    assert state["step"] == 3
+
+
+def sampling_worker(parent: int) -> int | None:
+    """The pid of a subword worker that ``parent`` started, if one runs."""
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or int((proc / "stat").read_text().split()[3]) != parent:
+                continue
+            if b"seq2seq.data.subword" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the worker in /proc")
+def test_ctrl_c_at_the_terminal_while_the_trainer_waits_on_the_sampling_stops_cleanly(tmp_path):
+    corpus = tmp_path / "corpus.tsv"  # 8,000 pairs: a worker busy for a while
+    de, en = ((SAMPLE / f"train.{lang}").read_text().splitlines() for lang in ("de", "en"))
+    lines = "".join(f"{s}\t{t}\n" for s, t in zip(de, en, strict=True))
+    corpus.write_text(lines * 200, encoding="utf-8")
+    config = write_tiny_yaml(
+        tmp_path / "tiny.yaml", data__data=str(corpus), train__max_steps=100000, **SAMPLING
+    )
+    command = [sys.executable, "-m", "seq2seq", "train", "--no-progress", "--config", str(config)]
+    proc = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "run")],
+        cwd=REPO,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's foreground process group, of its own
+    )
+    try:
+        deadline = time.time() + SUBPROCESS_TIMEOUT_S
+        while sampling_worker(proc.pid) is None:  # epoch 0's: the trainer waits on it
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+        _, err = proc.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "stopped: signal SIGINT" in err and "Traceback" not in err and "error" not in err
+    assert list((tmp_path / "run" / SAMPLED_DIR).glob("epoch_*")) == []
+
+
+@needs_gloo
+def test_under_torchrun_rank_0_alone_samples_and_the_ranks_train_as_one_process(tmp_path):
+    steps = 6  # an epoch is 4 steps of 2 batches here: into the second sampled epoch
+    changes = {"train__max_steps": steps, "model__dropout": 0.0, **SAMPLING}
+    config_file = write_tiny_yaml(tmp_path / "tiny.yaml", **changes)
+    args = ["-m", "seq2seq", "train", "--no-progress", "--config", str(config_file)]
+    result = torchrun([*args, "--out", str(tmp_path / "ddp")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    train(tiny_config(**changes, train__accum_steps=2), tmp_path / "single", progress=False)
+    ddp, single = train_losses(tmp_path / "ddp"), train_losses(tmp_path / "single")
+    assert sorted(ddp) == sorted(single) == list(range(1, steps + 1))
+    for step in ddp:  # every rank read rank 0's sampled pairs
+        assert ddp[step] == pytest.approx(single[step], rel=1e-4), step
+    sampled = [
+        sorted(p.name for p in (tmp_path / run / SAMPLED_DIR).iterdir())
+        for run in ("ddp", "single")
+    ]
+    epoch = checkpoint.read_tensors(tmp_path / "ddp" / checkpoint.LAST_FILE)[1]["epoch"]
+    assert epoch >= 1
+    assert sampled[0] == sampled[1] == [f"epoch_{epoch}"]  # one store an epoch, not one a rank

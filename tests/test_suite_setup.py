@@ -44,6 +44,51 @@ def test_the_cgroup_cpu_quota_is_read_from_either_cgroup_version(tmp_path, files
 
 
 @pytest.mark.parametrize(
+    ("membership", "files", "quota"),
+    [
+        # cgroup v2 on a host: a systemd slice's quota limits the unit inside it
+        ("0::/system.slice/job.service\n", {"system.slice/cpu.max": "400000 100000\n"}, 4.0),
+        (  # nested: the tightest of the process's own cgroup and those above it
+            "0::/a.slice/b.slice/c.scope\n",
+            {
+                "a.slice/cpu.max": "300000 100000\n",
+                "a.slice/b.slice/cpu.max": "max 100000\n",
+                "a.slice/b.slice/c.scope/cpu.max": "150000 100000\n",
+            },
+            1.5,
+        ),
+        (
+            "0::/a.slice/b.slice\n",
+            {"a.slice/cpu.max": "200000 100000\n", "a.slice/b.slice/cpu.max": "600000 100000\n"},
+            2.0,
+        ),
+        (  # cgroup v1: the cpu controller's line (a Slurm job), not the memory one's
+            "5:memory:/elsewhere\n4:cpu,cpuacct:/slurm/uid_1/job_7\n0::/\n",
+            {
+                "cpu/slurm/uid_1/job_7/cpu.cfs_quota_us": "250000\n",
+                "cpu/slurm/uid_1/job_7/cpu.cfs_period_us": "100000\n",
+                "cpu/slurm/cpu.cfs_quota_us": "-1\n",
+                "cpu/slurm/cpu.cfs_period_us": "100000\n",
+                "elsewhere/cpu.max": "100000 100000\n",
+            },
+            2.5,
+        ),
+        # a container without a cgroup namespace: its path is not in its view, its root is
+        ("0::/docker/0123abcd\n", {"cpu.max": "200000 100000\n"}, 2.0),
+        ("0::/user.slice\n", {"user.slice/cpu.max": "max 100000\n"}, None),
+    ],
+)
+def test_the_cpu_quota_is_the_tightest_of_the_processs_own_cgroup_and_those_above(
+    tmp_path, membership, files, quota
+):
+    root = write(tmp_path / "cgroup", files)
+    proc = write(tmp_path, {"proc_self_cgroup": membership}) / "proc_self_cgroup"
+    assert cgroup_cpu_quota(root, proc) == quota
+    without_proc = 2.0 if "cpu.max" in files else None  # macOS-like: the mount's root alone
+    assert cgroup_cpu_quota(root, tmp_path / "no_proc") == without_proc
+
+
+@pytest.mark.parametrize(
     ("files", "affinity", "cpus"),
     [
         ({"cpu.max": "200000 100000\n"}, 64, 2),  # a 2-CPU quota on a 64-core host

@@ -13,7 +13,8 @@ The source of an epoch is the store's deterministic ids, not the corpus: the pie
 pair spell the normalised text SentencePiece segmented, so an epoch is sampled from the
 store alone, chunk by chunk, into a store of its own (``write_sampled_epoch``), in a worker
 process while the epoch before it trains (``EpochSampler``): the merge loop is Python, and
-on a thread it would hold the GIL against the training step.
+on a thread it would hold the GIL against the training step. Under torchrun rank 0 alone
+samples (``EpochSampler.sample``) and every rank reads its stores (``EpochSampler.read``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ from seq2seq.errors import Seq2SeqError
 
 SAMPLED_DIR = "subword"  # RUN/subword/epoch_N: the sampled stores, the current and the next
 _CHUNK = 5_000  # pairs read, sampled and written at once
+_POLL_S = 0.2  # how often the trainer, waiting for a worker, looks whether it should stop
 
 
 class BpeDropout:
@@ -149,10 +151,12 @@ def write_sampled_epoch(
 
 class EpochSampler:
     """The training pairs of each epoch: the store itself while ``alpha_at(epoch)`` is 0,
-    else the store sampled for that epoch, in ``directory``/epoch_N. Asking for epoch N
-    starts epoch N + 1's sampling in a worker process (at low priority), so that by the time
-    the trainer asks for it, it is there; a resumed run samples its first epoch again (the
-    same pairs: a function of the seed and the epoch) before its first step."""
+    else the store sampled for that epoch, in ``directory``/epoch_N. ``sample(N)`` has epoch
+    N ready (waiting for its worker) and starts epoch N + 1's sampling in a worker process (at
+    low priority), so that by the time the trainer asks for it, it is there; ``read(N)`` opens
+    it, in this process or in another that shares ``directory`` (the ranks of a torchrun job).
+    A resumed run samples its first epoch again (the same pairs: a function of the seed and
+    the epoch) before its first step."""
 
     def __init__(
         self,
@@ -167,20 +171,35 @@ class EpochSampler:
         self.seed, self.max_len, self.directory = seed, max_len, Path(directory)
         self.workers: dict[int, subprocess.Popen] = {}
 
-    def pairs(self, epoch: int) -> PairStore:
-        """Epoch ``epoch``'s pairs, waiting for their sampling if it has not finished."""
+    def sample(self, epoch: int, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Have epoch ``epoch``'s pairs ready for ``read``, waiting for their sampling if it has
+        not finished, and start the next epoch's. False, the sampling stopped and its files
+        removed, when ``stopping()`` (a signal to the trainer) turns true while it waits."""
         alpha = self.alpha_at(epoch)
         if alpha:
             self._start(epoch, alpha)
-            found = self._finish(epoch)
-        else:
-            found = self.store
+            if not self._wait(epoch, stopping):
+                return False
         for old in [e for e in self.workers if e < epoch]:
-            self._finish(old)
+            self._stop(old)
         self._remove_all_but(epoch, epoch + 1)
         if self.alpha_at(epoch + 1):
             self._start(epoch + 1, self.alpha_at(epoch + 1))
-        return found
+        return True
+
+    def read(self, epoch: int) -> PairStore:
+        """Epoch ``epoch``'s pairs, once ``sample(epoch)`` has returned True (here or in the
+        process that samples)."""
+        if not self.alpha_at(epoch):
+            return self.store
+        manifest = read_manifest(self._epoch_dir(epoch))
+        if manifest is None:
+            raise Seq2SeqError(
+                f"no sampled subwords of epoch {epoch} in {self._epoch_dir(epoch)}: every "
+                "machine of a torchrun job must see the same run directory (put --out on a "
+                "shared filesystem)"
+            )
+        return PairStore(self._epoch_dir(epoch), manifest["dtype"])
 
     def _epoch_dir(self, epoch: int) -> Path:
         return self.directory / f"epoch_{epoch}"
@@ -191,24 +210,43 @@ class EpochSampler:
         args = [str(self.store.directory), self.store.dtype.name, str(self.models["src"])]
         args += [str(self.models["tgt"]), repr(alpha), str(self.seed), str(epoch)]
         args += [str(self.max_len), str(self._epoch_dir(epoch))]
-        package_root = str(Path(__file__).resolve().parents[2])  # this copy of seq2seq
-        path = os.pathsep.join([package_root, os.environ.get("PYTHONPATH", "")])
         self.workers[epoch] = subprocess.Popen(
             [sys.executable, "-m", "seq2seq.data.subword", *args],
-            env={**os.environ, "PYTHONPATH": path},
+            env=worker_env(os.environ),
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None,
+            # Not in the terminal's process group: a Ctrl-C reaches the trainer alone, which
+            # stops the worker itself (_wait, __exit__). No preexec_fn: forking a process
+            # whose threads run (the batch prefetcher, torch's) may not run Python code.
+            start_new_session=True,
         )
 
-    def _finish(self, epoch: int) -> PairStore:
-        worker = self.workers.pop(epoch)
-        _, err = worker.communicate()
-        manifest = read_manifest(self._epoch_dir(epoch))
-        if worker.returncode != 0 or manifest is None:
+    def _wait(self, epoch: int, stopping: Callable[[], bool]) -> bool:
+        """Wait for epoch ``epoch``'s worker, asking ``stopping()`` every ``_POLL_S``: False
+        when it said to stop first (the worker stopped)."""
+        worker = self.workers[epoch]
+        while True:
+            if stopping():
+                self._stop(epoch)
+                return False
+            try:
+                _, err = worker.communicate(timeout=_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        del self.workers[epoch]
+        if worker.returncode != 0 or read_manifest(self._epoch_dir(epoch)) is None:
             last = (err or "").strip().splitlines()[-1:] or [f"exit status {worker.returncode}"]
             raise Seq2SeqError(f"sampling the subwords of epoch {epoch} failed: {last[0]}")
-        return PairStore(self._epoch_dir(epoch), manifest["dtype"])
+        return True
+
+    def _stop(self, epoch: int) -> None:
+        """Stop epoch ``epoch``'s worker; what it had written goes too (it is sampled again
+        when asked for)."""
+        worker = self.workers.pop(epoch)
+        worker.kill()
+        worker.communicate()
+        shutil.rmtree(self._epoch_dir(epoch), ignore_errors=True)
 
     def _remove_all_but(self, *epochs: int) -> None:
         keep = {self._epoch_dir(e).name for e in epochs}
@@ -222,11 +260,16 @@ class EpochSampler:
     def __exit__(self, *exc: object) -> None:
         """Stop any sampling still running: a run that has stopped needs no next epoch, and
         what a stopped worker had written of it goes too (a resumed run samples it again)."""
-        for epoch, worker in self.workers.items():
-            worker.kill()
-            worker.communicate()
-            shutil.rmtree(self._epoch_dir(epoch), ignore_errors=True)
-        self.workers.clear()
+        for epoch in list(self.workers):
+            self._stop(epoch)
+
+
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: ``environ`` with this copy of seq2seq first on its
+    PYTHONPATH, and no empty entry (which would put the worker's working directory there)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    entries = [package_root, *environ.get("PYTHONPATH", "").split(os.pathsep)]
+    return {**environ, "PYTHONPATH": os.pathsep.join(entry for entry in entries if entry)}
 
 
 def _main() -> None:
@@ -239,6 +282,8 @@ def _main() -> None:
         parser.add_argument(name, type=kind)
     parser.add_argument("out", type=Path)
     a = parser.parse_args()
+    if hasattr(os, "nice"):  # low priority: the training step comes first
+        os.nice(10)
     store = PairStore(a.store, a.dtype)
     models = {"src": a.src, "tgt": a.tgt}
     write_sampled_epoch(store, models, a.alpha, a.seed, a.epoch, a.max_len, a.out)

@@ -109,12 +109,20 @@ class RunLock:
         self.lock.release()
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Fail at start, with one line, if the directory cannot or must not be written."""
-    if resume and not (run_dir / LAST_FILE).is_file():
-        raise Seq2SeqError(f"cannot resume: {run_dir / LAST_FILE} does not exist")
+def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
+    """Fail at start, with one line, if the directory cannot or must not be written. True
+    when it holds a run that stopped before its first checkpoint (interrupted or failed while
+    preparing): with nothing to resume, the same command or cell starts it afresh."""
     occupied = run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir())
-    if not resume and occupied and not overwrite:
+    unstarted = occupied and never_checkpointed(run_dir)
+    if resume and not (run_dir / LAST_FILE).is_file():
+        if unstarted:
+            raise Seq2SeqError(
+                f"cannot resume: {run_dir} stopped before its first checkpoint; "
+                "run the same command without --resume to start it afresh"
+            )
+        raise Seq2SeqError(f"cannot resume: {run_dir / LAST_FILE} does not exist")
+    if not resume and occupied and not overwrite and not unstarted:
         raise Seq2SeqError(
             f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it"
         )
@@ -125,6 +133,17 @@ def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
         probe.unlink()
     except OSError as e:
         raise Seq2SeqError(f"cannot write to {run_dir}: {e.strerror or e}") from None
+    return unstarted and not resume
+
+
+def never_checkpointed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds only what a run writes before its first checkpoint (config,
+    tokenizer, prepared data, logs; hidden: the lock, temporaries): no weights, nothing else."""
+    before_weights = {*RUN_FILES, *RUN_DIRS} - {KEPT_DIR}
+    return all(
+        path.name.startswith(".") or (path.name in before_weights and path.suffix != ".safetensors")
+        for path in run_dir.iterdir()
+    )
 
 
 def clear_run_dir(run_dir: Path) -> None:

@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -27,33 +28,63 @@ Value = TypeVar("Value")
 PREPARE_TIMEOUT = timedelta(hours=12)
 
 
-CGROUP = Path("/sys/fs/cgroup")  # this container's cgroup, as a container sees it
+CGROUP = Path("/sys/fs/cgroup")  # where the cgroup filesystem is mounted
+MEMBERSHIP = Path("/proc/self/cgroup")  # this process's cgroup in each hierarchy
 
 
-def cgroup_cpu_quota(cgroup: Path | None = None) -> float | None:
-    """The CPUs a cgroup's quota allows (quota / period: 1.5 for 150 ms in every 100 ms),
-    from cgroup v2's ``cpu.max`` or v1's ``cpu/cpu.cfs_quota_us``; None without a quota."""
-    cgroup = cgroup or CGROUP
-    v2, v1 = cgroup / "cpu.max", cgroup / "cpu"
+def cgroup_cpu_quota(root: Path | None = None, membership: Path | None = None) -> float | None:
+    """The CPUs the cgroup quotas allow this process (quota / period: 1.5 for 150 ms in every
+    100 ms), the tightest among its own cgroup and those above it: on a host, a systemd slice
+    or a Slurm job's cgroup limits the process, not the root's. The cgroups are the ones
+    ``membership`` names under ``root`` (cgroup v2's ``cpu.max``, v1's ``cpu`` controller's
+    ``cpu.cfs_quota_us``); None without a quota."""
+    root, membership = root or CGROUP, membership or MEMBERSHIP
+    quotas = [_quota(folder) for folder in _own_cgroups(root, membership)]
+    return min((quota for quota in quotas if quota is not None), default=None)
+
+
+def _own_cgroups(root: Path, membership: Path) -> list[Path]:
+    """The folders of this process's cgroups (v2 ``0::/path``, v1 ``N:cpu,...:/path``) and of
+    every cgroup above them, then the mount's root. A container without a cgroup namespace
+    sees a path outside its view: the folders not there are skipped, and the mount's root is
+    the container's own cgroup."""
     try:
-        if v2.is_file():
-            quota, period = v2.read_text().split()
+        lines = membership.read_text().splitlines()
+    except OSError:  # no /proc (macOS)
+        lines = []
+    folders = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers and "cpu" not in controllers.split(","):
+            continue
+        mount = root if not controllers else root / "cpu"  # v1: cpu -> cpu,cpuacct
+        parts = Path(path).parts[1:]  # below "/"
+        folders += [mount.joinpath(*parts[:n]) for n in range(len(parts), 0, -1)]
+    return [*folders, root, root / "cpu"]
+
+
+def _quota(cgroup: Path) -> float | None:
+    """One cgroup's CPU quota, from v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us``; None
+    without one."""
+    try:
+        if (cgroup / "cpu.max").is_file():
+            quota, period = (cgroup / "cpu.max").read_text().split()
         else:
-            quota = (v1 / "cpu.cfs_quota_us").read_text().strip()
-            period = (v1 / "cpu.cfs_period_us").read_text().strip()
+            quota = (cgroup / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu.cfs_period_us").read_text().strip()
         if quota in ("max", "-1"):
             return None
         return int(quota) / int(period)
-    except (OSError, ValueError):  # no cgroup files, or ones this does not read: no quota known
+    except (OSError, ValueError, ZeroDivisionError):  # no files, or ones this does not read
         return None
 
 
-def usable_cpus(cgroup: Path | None = None) -> int:
-    """The CPUs this process may run on (its affinity), capped by the cgroup's quota rounded
+def usable_cpus(root: Path | None = None, membership: Path | None = None) -> int:
+    """The CPUs this process may run on (its affinity), capped by its cgroups' quota rounded
     down: a 2-CPU quota on a 64-core host is 2, not 64."""
     affinity = getattr(os, "sched_getaffinity", None)  # Linux; elsewhere every core
     cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
-    quota = cgroup_cpu_quota(cgroup)
+    quota = cgroup_cpu_quota(root, membership)
     return min(cpus, max(1, math.floor(quota))) if quota else cpus
 
 
@@ -275,20 +306,35 @@ def gather(runtime: Runtime, value: Value) -> list[Value]:
 
 
 class StopSignals:
-    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits."""
+    """SIGINT / SIGTERM set a flag; the loop saves its state at the end of the step and exits.
+    A second one stops at once, wherever the run is (validating, averaging, waiting): it
+    ``say``s what was last saved (``saved``, kept up to date by the trainer) and raises
+    KeyboardInterrupt. Installed only in the main thread, the one Python runs signal handlers
+    in (``installed``): elsewhere ``signal.signal`` refuses."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None] = lambda message: None) -> None:
         self.received: str | None = None
+        self.saved = "no training state saved yet"
+        self.say = say
         self.previous: dict[int, Any] = {}
+        self.installed = False
 
     def __enter__(self) -> StopSignals:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        self.installed = threading.current_thread() is threading.main_thread()
+        for sig in (signal.SIGINT, signal.SIGTERM) if self.installed else ():
             self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def _handle(self, signum: int, frame: object) -> None:
-        self.received = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if self.received is None:
+            self.received = name
+            return
+        message = f"a second {name}: stopped at once; {self.saved}"
+        self.say(message)
+        raise KeyboardInterrupt(message)
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        self.previous.clear()

@@ -5,7 +5,8 @@ In a notebook, ``resume=None`` (the default) resumes a run that has a checkpoint
 one that has none, so the cell that started a run also continues it. The kernel's stop button
 sends SIGINT, which the trainer takes as ``seq2seq train`` takes Ctrl-C: it finishes the step,
 saves ``last.safetensors`` and returns; running the cell again resumes from there, to the
-weights an uninterrupted run reaches (``tests/test_train_entry.py``). The progress bar is
+weights an uninterrupted run reaches (``tests/test_train_entry.py``); one stopped before its
+first checkpoint (while its data was prepared) starts afresh. The progress bar is
 ``tqdm.auto``'s: a widget where ipywidgets is installed, text otherwise.
 """
 

@@ -47,6 +47,7 @@ from seq2seq.run.runtime import (
     barrier,
     distributed,
     gather,
+    main_first,
     peak_memory,
     seed_ranks,
     setup_runtime,
@@ -142,15 +143,17 @@ def train(
     runtime = setup_runtime(
         config.train.device, config.train.threads, config.train.attention_kernels
     )
-    if runtime.main:
-        checkpoint.prepare_run_dir(run_dir, resume, overwrite)
+    # a run stopped before its first checkpoint has nothing to resume: it starts afresh
+    unstarted = runtime.main and checkpoint.prepare_run_dir(run_dir, resume, overwrite)
     barrier(runtime)
     lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
     with lock:
         if runtime.main:
             remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
-        if overwrite and not resume and runtime.main:
+        if (overwrite or unstarted) and not resume and runtime.main:
             checkpoint.clear_run_dir(run_dir)
+        if unstarted and not overwrite:
+            say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
         if resume:
             saved = checkpoint.load_config_file(run_dir)
             for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
@@ -238,22 +241,21 @@ class Trainer:
             self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
         self.use_pairs(self.data.train)
         self.subwords = None  # the epochs' sampled segmentations, when data.subword_alpha is set
-        if config.data.subword_alpha:
-            directory = run_dir / SAMPLED_DIR
-            if runtime.world > 1:  # every rank samples the same pairs, each into its own folder
-                directory = directory / f"rank_{runtime.rank}"
+        if config.data.subword_alpha:  # rank 0 samples into RUN/subword, every rank reads it
             self.subwords = EpochSampler(
                 self.data.train,
                 Tokenizer.model_files(run_dir),
                 lambda epoch: subword_alpha_at(config, epoch),
                 t.seed,
                 config.data.max_len,
-                directory,
+                run_dir / SAMPLED_DIR,
             )
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
         )
-        self.signals = StopSignals()
+        self.signals = StopSignals(self.say)  # a second signal says what was last saved
+        if resume:
+            self.signals.saved = self.saved_state()
         # A monotonic clock: a suspended laptop or a clock step does not count as training.
         self.started = time.monotonic() - self.state.elapsed
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
@@ -310,6 +312,12 @@ class Trainer:
         s.finished = False
         self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
         with self.signals, self.subwords or contextlib.nullcontext():
+            if not self.signals.installed:
+                self.say(
+                    "note: training in a thread, not the main one: a signal (Ctrl-C, SIGTERM, "
+                    "a notebook's stop button) cannot stop it at a step's end and save it "
+                    "(Python takes signals in the main thread alone)"
+                )
             while s.stop_reason is None and s.epoch < t.max_epochs:
                 self.train_epoch()
                 self.save()
@@ -334,7 +342,11 @@ class Trainer:
     def train_epoch(self) -> None:
         s, t = self.state, self.config.train
         if self.subwords is not None:
-            self.use_pairs(self.subwords.pairs(s.epoch))
+            pairs = self.epoch_pairs()
+            if pairs is None:  # a signal while rank 0 waited for the sampling: stop, saved
+                s.stop_reason = self.check_stop()
+                return
+            self.use_pairs(pairs)
         batches = self.sampler.batches(s.epoch)
         bar = tqdm(
             total=len(batches),
@@ -376,6 +388,19 @@ class Trainer:
             if not t.validate_every and not (s.stop_reason or "").startswith("signal"):
                 self.validate()
                 s.stop_reason = s.stop_reason or self.check_stop()
+
+    def epoch_pairs(self) -> PairStore | None:
+        """This epoch's sampled training pairs. Rank 0 alone samples, while the other ranks
+        wait; then every rank reads its store from RUN/subword, which every machine sees, as
+        RUN/data. None when a signal to rank 0 stopped the sampling it waited for."""
+        epoch = self.state.epoch
+
+        def stopping() -> bool:
+            return self.signals.received is not None
+
+        if not main_first(self.runtime, lambda: self.subwords.sample(epoch, stopping)):
+            return None
+        return self.subwords.read(epoch)
 
     # -- the steps -----------------------------------------------------------------------
 
@@ -584,6 +609,11 @@ class Trainer:
                 dataclasses.asdict(self.state),
                 rng,
             )
+        self.signals.saved = self.saved_state()
+
+    def saved_state(self) -> str:
+        """What a run stopped now would resume from, in words."""
+        return f"last saved: step {self.state.step}, in {self.run_dir / checkpoint.LAST_FILE}"
 
     def replacing_weights(self) -> None:
         """Called on rank 0 before it writes any weights: a resumed run's first write removes
