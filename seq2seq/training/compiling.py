@@ -13,9 +13,12 @@ on in silence: here the run says so in its log and goes on eagerly, whatever the
 
 On CPU every compiled set-up measured (whole model, per layer, max-autotune, length
 buckets; ``bench_train.py --compile --json`` records them, docs/results.md renders the
-records) was slower than eager, so ``auto`` is eager on CPU. CUDA and MPS
-are not measured (no GPU here), so ``auto`` is eager there too until a measurement says
-otherwise: then add the device type to ``COMPILE_WINS``, with its numbers here.
+records) was slower than eager, so ``auto`` is eager on CPU. On an H200
+(experiments/results/gpu-check-h200) the whole model compiled with dynamic shapes stepped
+117,366 target tokens/s under bf16 against eager's 68,215, after 86 s of compiling; eager
+in tf32, the precision ``auto`` takes there, stepped 119,795 on the same machine, and the
+compiled step in tf32 was not measured: ``auto`` stays eager on CUDA until it is. MPS is
+not measured. A device type joins ``COMPILE_WINS`` when a measurement says so.
 """
 
 from __future__ import annotations
