@@ -40,7 +40,7 @@ from experiments.bench_train import (  # noqa: E402
     write_record,
 )
 from seq2seq.config import dropout_at, load_config  # noqa: E402
-from seq2seq.model.layers import Dropout  # noqa: E402
+from seq2seq.model.dropout import Dropout  # noqa: E402
 from seq2seq.model.transformer import build_model  # noqa: E402
 from seq2seq.run.precision import autocast_dtype  # noqa: E402
 from seq2seq.run.runtime import peak_memory  # noqa: E402

@@ -248,7 +248,7 @@ def test_tiny_model_learns_to_reverse_sequences():
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_dropout_keeps_one_minus_p_and_scales_what_it_keeps(p):
-    from seq2seq.model.layers import Dropout
+    from seq2seq.model.dropout import Dropout
 
     drop = Dropout(p).train()
     x = torch.rand(1000, 1000) + 1.0  # no zeros of its own
@@ -281,7 +281,7 @@ def saved_bytes(f, x: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_keeps_a_boolean_mask_for_backward_no_larger_than_f_dropouts(dtype):
-    from seq2seq.model.layers import Dropout
+    from seq2seq.model.dropout import Dropout
 
     x = torch.rand(64, 37, 16, dtype=dtype, requires_grad=True)
     ours = saved_bytes(Dropout(0.1).train(), x)
@@ -293,7 +293,7 @@ def test_dropout_keeps_a_boolean_mask_for_backward_no_larger_than_f_dropouts(dty
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_dropout_scales_by_the_exact_one_over_one_minus_p_in_bf16(p):
-    from seq2seq.model.layers import Dropout
+    from seq2seq.model.dropout import Dropout
 
     drop = Dropout(p).train()
     x = (torch.rand(256, 256) + 1.0).bfloat16().requires_grad_()
@@ -323,7 +323,7 @@ class GpuScalars(TorchDispatchMode):
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
 def test_compiled_dropout_scales_in_float32_as_the_eager_path_does(p, monkeypatch):
-    from seq2seq.model.layers import Dropout
+    from seq2seq.model.dropout import Dropout
 
     drop = Dropout(p).train()
     x = (torch.rand(256, 256) + 1.0).bfloat16().requires_grad_()
@@ -346,7 +346,7 @@ def test_compiled_dropout_scales_in_float32_as_the_eager_path_does(p, monkeypatc
 
 
 def test_dropout_gradient_is_the_same_mask_and_scale():
-    from seq2seq.model.layers import Dropout
+    from seq2seq.model.dropout import Dropout
 
     drop = Dropout(0.3).train()
     x = (torch.rand(64, 37, 16) + 1.0).requires_grad_()
