@@ -50,6 +50,8 @@ def test_data_drops_training_pairs_by_max_train_len_and_the_old_spelling_still_w
         outputs[spelling] = captured.out
         deprecated = "note: --max-len is deprecated; use --max-train-len" in captured.err
         assert deprecated == (spelling == "--max-len")
-    dropped = re.search(r"dropped: train too long (\d+) \(limit 36 subwords", outputs["--max-len"])
+    dropped = re.search(
+        r"dropped: train: (\d+) longer than 36 subwords \(limit 36 subwords", outputs["--max-len"]
+    )
     assert dropped and 0 < int(dropped.group(1)) < 40  # some of the 40 training pairs
     assert outputs["--max-len"] == outputs["--max-train-len"]

@@ -14,6 +14,7 @@ import sentencepiece as spm
 from helpers import child_env
 from test_train import SAMPLE, read_metrics, tiny_config
 
+from seq2seq.data.prepare import DATA_DIR
 from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.data.subword import (
     SAMPLED_DIR,
@@ -23,7 +24,6 @@ from seq2seq.data.subword import (
     write_sampled_epoch,
 )
 from seq2seq.data.tokenizer import JOINT_FILE, Tokenizer
-from seq2seq.training.prepare import DATA_DIR
 from seq2seq.training.trainer import train
 
 MERGES = {"data__vocab_size": 400}  # the tiny runs' 308 pieces are characters: nothing to drop
