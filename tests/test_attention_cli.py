@@ -21,9 +21,9 @@ from seq2seq.inspect.influence import (
     occlude,
     tied_columns,
 )
+from seq2seq.inspect.records import TEACHER_FORCED
 from seq2seq.inspect.report import (
     MAX_PAGE_SENTENCES,
-    TEACHER_FORCED,
     attention_report,
     format_summary,
     selected_maps,

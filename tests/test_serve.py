@@ -22,7 +22,7 @@ from seq2seq.commands.cli import main
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect import serve as serve_module
-from seq2seq.inspect.report import sentence_interventions
+from seq2seq.inspect.records import sentence_interventions
 from seq2seq.inspect.serve import (
     INTERNAL_ERROR,
     MAX_BEAM,

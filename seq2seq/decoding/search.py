@@ -16,9 +16,8 @@ the data pipeline appended to the source is counted. A step emits one token, so 
 hypothesis that stopped at EOS has at most ``max_len - 1`` tokens plus the EOS, and one
 that hit the limit has exactly ``max_len`` tokens.
 
-A caller that must answer in time (``seq2seq serve``) sets a ``deadline``: every search
-step, and every pass of ``influence.occlude``, checks it (``check_deadline``) and raises
-``DeadlinePassed`` once it is over. Without one the check is a context-variable lookup.
+A caller that must answer in time (``seq2seq serve``) sets a deadline
+(``seq2seq.decoding.deadline``), which every search step checks.
 
 Letters: ``B`` sentences, ``K`` beams, ``S`` source length, ``T`` decoding steps, ``V``
 vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
@@ -27,10 +26,6 @@ vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -38,34 +33,9 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from seq2seq.config import DecodeConfig
+from seq2seq.decoding.deadline import check_deadline
 from seq2seq.model.transformer import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
-
-# A context variable, not an argument: the deadline crosses every layer between a server
-# and the loops (records, occlusion, interventions), and each thread has its own.
-_DEADLINE: ContextVar[float | None] = ContextVar("seq2seq_deadline", default=None)
-
-
-class DeadlinePassed(Exception):
-    """Decoding was still running at the time ``deadline`` set."""
-
-
-@contextmanager
-def deadline(at: float) -> Iterator[None]:
-    """Within it, decoding still running at ``at`` (``time.monotonic()`` seconds) raises
-    ``DeadlinePassed`` at its next step: the work stops there and its memory is freed."""
-    token = _DEADLINE.set(at)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
-
-
-def check_deadline() -> None:
-    """Raise ``DeadlinePassed`` if a ``deadline`` is set and over."""
-    at = _DEADLINE.get()
-    if at is not None and time.monotonic() > at:
-        raise DeadlinePassed("decoding ran past its deadline")
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The attention explorer: one self-contained HTML page (no network) for decoded sentences.
 
 The page is ``templates/explorer.html`` with its stylesheet and script inlined, and the
-sentences' records (``attention_report.sentence_records``) as a JSON block. It has five
+sentences' records (``records.sentence_records``) as a JSON block. It has five
 views of one sentence: a step-through of decoding (with, per row, whether the most-attended
 source position is the most influential one), the heatmap (attention or, toggled,
 influence by occlusion, each with its own legend), a line view, a model view (a thumbnail

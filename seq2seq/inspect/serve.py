@@ -6,7 +6,7 @@ with the same code as ``seq2seq attention`` and answers with the explorer page
 (``explorer.render_page``) with the form above it: beam, max_len and "ban EOS" change the
 decoding, so a user sees that only the length of the output changes; "influence" adds the
 occlusion map. The page's interventions panel posts one sentence and one intervention to
-``/intervene`` and gets JSON back (``attention_report.sentence_interventions``).
+``/intervene`` and gets JSON back (``records.sentence_interventions``).
 
 Bad input (empty, too long, invalid UTF-8, a malformed number) gets the form back with a
 message on the page and status 400; an unexpected failure gets a generic message and
@@ -43,11 +43,12 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from seq2seq.decoding.search import DeadlinePassed, deadline, max_output_length
+from seq2seq.decoding.deadline import DeadlinePassed, deadline
+from seq2seq.decoding.search import max_output_length
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.inspect.explorer import render_page
-from seq2seq.inspect.report import sentence_interventions, sentence_records
+from seq2seq.inspect.records import sentence_interventions, sentence_records
 
 T = TypeVar("T")
 
