@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from seq2seq.config import load_config  # noqa: E402
+from seq2seq.decoding.load import load_run  # noqa: E402
 from seq2seq.decoding.translate import translate_ids  # noqa: E402
-from seq2seq.run.checkpoint import load_run  # noqa: E402
 from seq2seq.run.precision import autocast_dtype, describe_precision  # noqa: E402
 from seq2seq.run.runlog import accelerator, machine  # noqa: E402
 from seq2seq.training.trainer import train  # noqa: E402

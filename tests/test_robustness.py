@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from seq2seq.commands.cli import main
 from seq2seq.config import load_config
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run import checkpoint
@@ -419,7 +420,7 @@ def test_a_hostile_run_directory_is_one_clear_error(copy_of, capsys, case):
     one_line_error(rc, err, message)
     assert out == ""
     with pytest.raises(Seq2SeqError, match=message):
-        checkpoint.load_run(copy_of)
+        load_run(copy_of)
 
 
 @pytest.mark.parametrize(

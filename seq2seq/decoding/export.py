@@ -31,11 +31,12 @@ from torch import Tensor
 
 from seq2seq.config import DecodeConfig, ModelConfig
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, gnmt_length_penalty, max_output_length
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.checkpoint import CONFIG_FILE, load_config_file, load_run, save_config
+from seq2seq.run.checkpoint import CONFIG_FILE, load_config_file, save_config
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8_float32", "int8")

@@ -38,10 +38,10 @@ from tqdm import tqdm
 
 from seq2seq.config import Config, DecodeConfig
 from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, translate_batch
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.checkpoint import load_run
 from seq2seq.run.precision import autocast, autocast_dtype
 from seq2seq.run.runtime import setup_runtime
 
