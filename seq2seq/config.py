@@ -76,6 +76,11 @@ class DataConfig:
     subword_epochs: tuple[float, float] = (5.0, 10.0)  # train.dropout_epochs' default
 
 
+# Where a model trains and decodes unless told: CUDA, then Apple's MPS, then the CPU. Every
+# command, ``seq2seq.load`` and ``Translator.from_run`` take this default.
+DEFAULT_DEVICE = "auto"
+
+
 @dataclass
 class TrainConfig:
     seed: int = 1
@@ -122,7 +127,7 @@ class TrainConfig:
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
     # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)
-    device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
+    device: str = DEFAULT_DEVICE  # "auto", "cpu", "cuda", "cuda:N", "mps"
     # The weights of the last N validated states stay in checkpoints/ (7.6M parameters:
     # 30 MB each), and the run ends by averaging them, kept as model.safetensors only when
     # the average validates better than the best single state (fairseq/OpenNMT practice).

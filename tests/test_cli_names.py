@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq.commands import decode as cli_decode
+from seq2seq.commands import decode
 from seq2seq.commands.cli import build_parser, main
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -37,7 +37,7 @@ def test_decoding_batches_are_max_tokens_and_the_old_spelling_still_works(
     command, spelling, capsys
 ):
     args = build_parser().parse_args([command, "RUN", spelling, "24"])
-    assert cli_decode._decode_overrides(args)["max_tokens"] == 24
+    assert decode._decode_overrides(args)["max_tokens"] == 24
     deprecated = "note: --batch-tokens is deprecated; use --max-tokens" in capsys.readouterr().err
     assert deprecated == (spelling == "--batch-tokens")
 

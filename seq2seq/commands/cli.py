@@ -2,8 +2,9 @@
 
 Here: the parser, ``main`` and the commands that make and inspect runs (``data``, ``train``,
 ``average``, ``plot``); the commands that use a trained run (``translate``, ``evaluate``,
-``attention``, ``serve``, ``export``) are in ``cli_decode``. Every user-facing failure is a
-``Seq2SeqError``, printed here as one line with exit status 2.
+``attention``, ``serve``, ``export``) are in ``decode``, the options several share in
+``options``. Every user-facing failure is a ``Seq2SeqError``, printed here as one line with
+exit status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from seq2seq.commands import decode as cli_decode
+from seq2seq.commands import decode
+from seq2seq.commands.options import add_columns_option, add_device_option, add_renamed_option
 from seq2seq.config import DataConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.version import __version__
@@ -37,7 +39,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", help=f"source language (default: {defaults.src})")
     p.add_argument("--tgt", help=f"target language (default: {defaults.tgt})")
     p.add_argument("--test-split", help="the split to use as test (default: the one named test*)")
-    cli_decode.add_columns(p)
+    add_columns_option(p)
     p.add_argument(
         "--tokenizer", type=Path, help="reuse this tokenizer (run directory or .model file)"
     )
@@ -46,7 +48,7 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
         type=int,
         help=f"default: sized to the corpus, at most {defaults.vocab_size} (data.vocab_size)",
     )
-    cli_decode.add_renamed(
+    add_renamed_option(
         p,
         "--max-train-len",
         "--max-len",  # which now means an output's length cap alone (attention, serve)
@@ -172,7 +174,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", help="source language code (default de)")
     p.add_argument("--tgt", help="target language code (default en)")
     p.add_argument("--test-split", help="which test* split is the test set")
-    cli_decode.add_columns(p)
+    add_columns_option(p)
     p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/de-en")
     _add_config_options(p)
     p.add_argument(
@@ -194,7 +196,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="epoch budget (default 100); without --max-time there is no time limit",
     )
     p.add_argument("--seed", type=int)
-    p.add_argument("--device", help=cli_decode.DEVICE_HELP)
+    add_device_option(p, default=None)  # train.device
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument(
         "--resume",
@@ -311,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
-    for add in (_add_data, _add_train, _add_average, _add_plot, *cli_decode.COMMANDS):
+    for add in (_add_data, _add_train, _add_average, _add_plot, *decode.COMMANDS):
         add(sub)
     return parser
 

@@ -1,6 +1,7 @@
 """The ``seq2seq`` commands that use a trained run: translate, evaluate, attention, serve, export.
 
-Each parses its options and calls a library function (``cli.main`` prints failures).
+Each parses its options and calls a library function (``cli.main`` prints failures); the
+options several commands share are in ``options``.
 """
 
 from __future__ import annotations
@@ -10,46 +11,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from seq2seq.commands.options import add_columns_option, add_device_option, add_renamed_option
 from seq2seq.errors import Seq2SeqError, whole_number
-
-DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
-
-
-class _OldSpelling(argparse.Action):
-    """An option's former name: it still works, with a note on stderr naming the new one."""
-
-    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"note: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_renamed(p: argparse.ArgumentParser, name: str, old: str, **kwargs) -> None:
-    """The option ``name`` (``kwargs`` as for ``add_argument``), also read under its former
-    name ``old``, which ``--help`` no longer shows."""
-    action = p.add_argument(name, **kwargs)
-    p.add_argument(
-        old,
-        dest=action.dest,
-        type=action.type,
-        metavar=action.metavar,
-        action=_OldSpelling,
-        new=name,
-        default=argparse.SUPPRESS,
-        help=argparse.SUPPRESS,
-    )
-
-
-def add_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--columns",
-        metavar="SRC,TGT",
-        help="the source and target columns of a TSV corpus, by position from 1 or header name, "
-        "e.g. 1,2 (default: a header naming the languages, else the first two)",
-    )
 
 
 def _layer_arg(text: str) -> int | str:
@@ -160,7 +123,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         help="an HTML page without the uniform and permuted interventions it holds by default "
         "(2 (L + 1) greedy decodings per sentence); --intervene still adds those asked for",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.set_defaults(run=_run_attention)
 
 
@@ -224,7 +187,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a request not decoded within this long, waiting for the model included, gets "
         "503 (default: %(default)s)",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.set_defaults(run=_run_serve)
 
 
@@ -259,14 +222,14 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
     )
-    add_renamed(
+    add_renamed_option(
         p,
         "--max-tokens",
         "--batch-tokens",
         type=int,
         help="source tokens per batch (default: decode.max_tokens)",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
@@ -353,7 +316,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tgt", help="target language (default: the run's data.tgt)")
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
     p.add_argument("--test-split", help="which test* split is the test set (default: the run's)")
-    add_columns(p)
+    add_columns_option(p)
     p.add_argument(
         "-o",
         "--output",

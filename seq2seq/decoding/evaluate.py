@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from seq2seq.config import DecodeConfig
+from seq2seq.config import DEFAULT_DEVICE, DecodeConfig
 from seq2seq.data.corpora import open_corpus
 from seq2seq.decoding.translate import DecodeProgress, Translation, Translator
 from seq2seq.errors import Seq2SeqError
@@ -80,7 +80,7 @@ def evaluate_split(
     tgt: str | None = None,
     test_split: str | None = None,
     columns: str | None = None,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     hyp_file: str | Path | None = None,
     tokenize: str | None = None,
     progress: bool = False,

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from seq2seq.config import Config, DecodeConfig
+from seq2seq.config import DEFAULT_DEVICE, Config, DecodeConfig
 from seq2seq.data.batching import batches_of, collate
 from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, translate_batch
@@ -147,7 +147,7 @@ class Translator:
         self.dtype = autocast_dtype(config.train.precision, device)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str = "cpu") -> Translator:
+    def from_run(cls, run_dir: str | Path, device: str = DEFAULT_DEVICE) -> Translator:
         resolved = setup_runtime(device).device
         config, tokenizer, model = load_run(run_dir, resolved)
         return cls(config, tokenizer, model, resolved)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translation, Translator
 from seq2seq.drawing.plotting import attention_figure
 from seq2seq.errors import Seq2SeqError
@@ -51,7 +52,7 @@ _FIT_FRAME = """<script>
 """
 
 
-def load(run: str | Path, device: str = "auto") -> LoadedRun:
+def load(run: str | Path, device: str = DEFAULT_DEVICE) -> LoadedRun:
     """A trained run (the directory ``seq2seq train`` wrote, or a weights file in it), ready
     to translate and inspect. ``device``: "auto" (CUDA, then MPS, then CPU), "cpu", "cuda"..."""
     return LoadedRun(Translator.from_run(run, device))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator, read_lines
 from seq2seq.drawing import plotting
 from seq2seq.errors import Seq2SeqError
@@ -46,7 +47,7 @@ def attention_report(
     with_page_interventions: bool = True,
     fmt: str | None = None,
     out: str | Path | None = None,
-    device: str = "auto",
+    device: str = DEFAULT_DEVICE,
 ) -> dict:
     """Translate ``sentences`` (or teacher-force ``references``) and write their attention.
 

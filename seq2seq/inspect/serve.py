@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.deadline import DeadlinePassed, deadline
 from seq2seq.decoding.search import max_output_length
 from seq2seq.decoding.translate import Translator
@@ -467,7 +468,7 @@ def serve(
     run_dir: str | Path,
     host: str = "127.0.0.1",
     port: int = 8000,
-    device: str = "auto",
+    device: str = DEFAULT_DEVICE,
     *,
     public: bool = False,
     deadline: float = DEADLINE,
