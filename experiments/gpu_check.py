@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # tests/ for the tiny run's settings
+
+from helpers import TINY_RUN  # noqa: E402
 
 from seq2seq.config import load_config  # noqa: E402
 from seq2seq.decoding.load import load_run  # noqa: E402
@@ -33,19 +35,11 @@ from seq2seq.run.precision import autocast_dtype, describe_precision  # noqa: E4
 from seq2seq.run.runlog import accelerator, machine  # noqa: E402
 from seq2seq.training.trainer import train  # noqa: E402
 
-# A tiny model on the committed sample corpus: seconds a step on any device.
 TINY = [
-    f"data.data={REPO / 'data' / 'sample'}",
-    "data.vocab_size=200",
+    *TINY_RUN,
     "data.max_len=60",
     "data.max_tokens=160",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
     "model.max_positions=64",
-    "train.attention_sentences=0",
     "train.valid_bleu_sentences=4",
     "train.keep_last=0",
     "train.average_last=0",
