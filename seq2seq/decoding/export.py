@@ -31,8 +31,9 @@ from torch import Tensor
 
 from seq2seq.config import DEFAULT_DEVICE, DecodeConfig, ModelConfig
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
+from seq2seq.decoding.beam import gnmt_length_penalty
 from seq2seq.decoding.load import load_run
-from seq2seq.decoding.search import Hypothesis, gnmt_length_penalty, max_output_length
+from seq2seq.decoding.search import Hypothesis, max_output_length
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import Seq2Seq
