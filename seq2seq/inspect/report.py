@@ -14,7 +14,7 @@ import numpy as np
 
 from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator, read_lines
-from seq2seq.drawing import plotting
+from seq2seq.drawing import map_stats, plotting
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.inspect import explorer
@@ -214,7 +214,7 @@ def selected_maps(record: dict, layer: int | str = "all", head: int | str = "mea
     maps = []
     for row in plotting.select_maps(record["weights"], layers, heads):
         for layer_number, head_label, attn in row:
-            stats = plotting.attention_stats(attn, record["src_tokens"])
+            stats = map_stats.attention_stats(attn, record["src_tokens"])
             attended = np.asarray(attn).argmax(-1).tolist()
             maps.append({"layer": layer_number, "head": head_label, **stats, "attended": attended})
     return maps
