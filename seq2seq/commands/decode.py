@@ -31,23 +31,28 @@ def _head_arg(text: str) -> int | str:
     )
 
 
+ATTENTION_DESCRIPTION = (
+    "Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
+    "decoder's cross-attention of the output it produced (under beam search, the chosen "
+    "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
+    "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
+    "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
+    "each row attends to most beside the one whose hiding from cross-attention lowers the "
+    "row's token most: influence by occlusion). HTML: a self-contained "
+    "explorer: a step-through of decoding (the token chosen at each step, its probability, "
+    "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
+    "(attention, or influence), a line view, a model view and interventions (uniform and "
+    "permuted weights in each layer and in all, and any --intervene), with a sentence "
+    "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
+    "and steps are numbered from 1."
+)
+
+
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attention",
         help="translate sentences and explore their cross-attention, step by step",
-        description="Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
-        "decoder's cross-attention of the output it produced (under beam search, the chosen "
-        "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
-        "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
-        "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
-        "each row attends to most beside the one whose hiding from cross-attention lowers the "
-        "row's token most: influence by occlusion). HTML: a self-contained "
-        "explorer: a step-through of decoding (the token chosen at each step, its probability, "
-        "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
-        "(attention, or influence), a line view, a model view and interventions (uniform and "
-        "permuted weights in each layer and in all, and any --intervene), with a sentence "
-        "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
-        "and steps are numbered from 1.",
+        description=ATTENTION_DESCRIPTION,
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("sentence", nargs="?", metavar="SENTENCE", help="source sentence (quote it)")
@@ -60,30 +65,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         choices=["png", "svg", "html", "json"],
         help="default: from -o's suffix, else png; html and json hold every layer and head",
     )
-    p.add_argument(
-        "--layer",
-        type=_layer_arg,
-        default="all",
-        metavar="L|all",
-        help="decoder layer, 1 = first (default: all)",
-    )
-    p.add_argument(
-        "--head",
-        type=_head_arg,
-        default="mean",
-        metavar="H|mean|all",
-        help="head, 1 = first; mean = average over heads; all = a grid of every head plus the "
-        "mean (default: mean)",
-    )
-    p.add_argument(
-        "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
-    )
+    _add_map_choice(p)
+    _add_beam_option(p)
     p.add_argument(
         "--max-len", type=int, help="stop outputs at this many subwords (default: a * S + b)"
     )
-    p.add_argument(
-        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
-    )
+    _add_ban_eos_option(p)
     p.add_argument(
         "--words",
         action="store_true",
@@ -127,8 +114,38 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_attention)
 
 
-def _run_attention(args: argparse.Namespace) -> int:
+def _add_map_choice(p: argparse.ArgumentParser) -> None:
+    """--layer and --head: the maps a PNG or SVG draws and the table prints."""
+    p.add_argument(
+        "--layer",
+        type=_layer_arg,
+        default="all",
+        metavar="L|all",
+        help="decoder layer, 1 = first (default: all)",
+    )
+    p.add_argument(
+        "--head",
+        type=_head_arg,
+        default="mean",
+        metavar="H|mean|all",
+        help="head, 1 = first; mean = average over heads; all = a grid of every head plus the "
+        "mean (default: mean)",
+    )
 
+
+def _add_beam_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
+    )
+
+
+def _add_ban_eos_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
+    )
+
+
+def _run_attention(args: argparse.Namespace) -> int:
     from seq2seq.inspect.report import attention_report, format_summary, report_inputs
 
     sentences, references = report_inputs(
@@ -212,16 +229,12 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
     run's ``decode`` config section."""
-    p.add_argument(
-        "--beam", type=int, help="beam size; 1 = greedy (default: the run's decode.beam)"
-    )
+    _add_beam_option(p)
     p.add_argument("--length-penalty", type=float, help="GNMT alpha for beam search")
     p.add_argument("--max-len-a", type=float, help="max output subwords = a * source subwords + b")
     p.add_argument("--max-len-b", type=int)
     p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow)")
-    p.add_argument(
-        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
-    )
+    _add_ban_eos_option(p)
     add_renamed_option(
         p,
         "--max-tokens",
