@@ -50,9 +50,9 @@ from seq2seq.config import DecodeConfig  # noqa: E402
 from seq2seq.data.batching import collate  # noqa: E402
 from seq2seq.data.corpora import load_corpus  # noqa: E402
 from seq2seq.decoding.evaluate import bleu_tokenize, score  # noqa: E402
+from seq2seq.decoding.load import load_run  # noqa: E402
 from seq2seq.decoding.search import translate_batch  # noqa: E402
 from seq2seq.decoding.translate import Translator  # noqa: E402
-from seq2seq.run.checkpoint import load_run  # noqa: E402
 from seq2seq.run.runlog import machine  # noqa: E402
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID  # noqa: E402
 

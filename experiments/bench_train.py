@@ -49,7 +49,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # tests/ for the tiny run's settings
+
+from helpers import TINY_RUN  # noqa: E402
 
 from experiments.records.speed import train_table  # noqa: E402
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
@@ -70,14 +72,7 @@ from seq2seq.training.trainer import build_optimizer, sequence_loss  # noqa: E40
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
 SPEEDUP_GOAL = 1.3  # ours over the best eager nn.Transformer set-up, in tokens/s
-QUICK = [  # --quick: a tiny model on small batches
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.d_ff=128",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
-    "data.max_tokens=512",
-]
+QUICK = [*TINY_RUN, "data.max_tokens=512"]  # --quick: the tests' tiny run, on small batches
 
 
 class Reference(nn.Module):

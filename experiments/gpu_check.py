@@ -29,23 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # tests/ for the tiny run's settings
+
+from helpers import TINY_RUN  # noqa: E402
 
 TOTAL_SECONDS = 360  # the whole check: a lent machine's 15 minutes hold it and a rerun
 SAMPLE = REPO / "data" / "sample"
-# --cpu: the same stages on a tiny model and the committed sample corpus, in seconds.
+# --cpu: the same stages on the tests' tiny run, on the committed sample corpus, in seconds.
 DRY_RUN = [
-    f"data.data={SAMPLE}",
-    "data.vocab_size=200",
+    *TINY_RUN,
     "data.max_len=60",
     "data.max_tokens=160",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
     "model.max_positions=64",
-    "train.attention_sentences=0",
     "train.valid_bleu_sentences=4",
     "train.keep_last=0",
     "train.average_last=0",
@@ -130,8 +125,8 @@ def decoding_stage(run_dir: Path, device: str, out: Path) -> None:
 
     import torch
 
+    from seq2seq.decoding.load import load_run
     from seq2seq.decoding.translate import translate_ids
-    from seq2seq.run.checkpoint import load_run
     from seq2seq.run.runtime import setup_runtime
 
     where = setup_runtime(device).device

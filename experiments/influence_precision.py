@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import greedy_search
 from seq2seq.inspect.influence import occlude
-from seq2seq.run.checkpoint import load_run
 from seq2seq.vocab import EOS_ID
 
 

@@ -4,7 +4,7 @@ The names a user of the Python API needs are here (``docs/python_api.md``); ever
 is reachable by its subpackage path. The folders, bottom to top (a layer imports only the
 layers below it; ``pyproject.toml``'s import-linter contract checks it):
 
-    config, errors, fileio, vocab, version   the foundation every layer may use
+    config, config_checks, errors, fileio, vocab, version   the foundation every layer may use
     data/       corpora, tokenizer, store, batches
     model/      attention -> layers -> transformer (Seq2Seq: encode, decode)
     run/        the run directory, device and threads, precision, run records

@@ -7,7 +7,6 @@ config is saved with every run so a checkpoint can rebuild its model alone.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,16 +14,8 @@ from typing import Any
 
 import yaml
 
+from seq2seq.config_checks import data_checks, model_checks, train_checks
 from seq2seq.errors import Seq2SeqError, finite_number
-
-SETTINGS = ("auto", "true", "false")  # of train.compile
-
-
-def setting_of(value: object) -> str:
-    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).lower()
 
 
 @dataclass
@@ -76,6 +67,11 @@ class DataConfig:
     subword_epochs: tuple[float, float] = (5.0, 10.0)  # train.dropout_epochs' default
 
 
+# Where a model trains and decodes unless told: CUDA, then Apple's MPS, then the CPU. Every
+# command, ``seq2seq.load`` and ``Translator.from_run`` take this default.
+DEFAULT_DEVICE = "auto"
+
+
 @dataclass
 class TrainConfig:
     seed: int = 1
@@ -122,7 +118,7 @@ class TrainConfig:
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
     attention_sentences: int = 3  # validation sentences whose cross-attention is saved (weights
     # at every validation in RUN/attention/step_N/, PNG grids of the last state at the end)
-    device: str = "auto"  # "auto" (CUDA, then MPS, then CPU), "cpu", "cuda", "cuda:N", "mps"
+    device: str = DEFAULT_DEVICE  # "auto", "cpu", "cuda", "cuda:N", "mps"
     # SDPA's kernels on CUDA: "auto" (flash, memory-efficient, math: no cuDNN, which plans
     # anew for every batch shape) or "all" (torch's choice among all of them)
     attention_kernels: str = "auto"
@@ -388,133 +384,11 @@ def config_to_dict(config: Config) -> dict[str, Any]:
     }
 
 
-# Far above anything this toolkit trains, low enough that a tampered config.yaml cannot make
-# load_run build layers until memory runs out.
-_MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 65536
-
-
-Check = tuple[bool, str]  # a value passes, or the message naming its key
-
-
 def validate(config: Config) -> None:
     """Reject absurd values with a message naming the key: the first check that fails, of the
     model, training, data and decoding sections in that order."""
     m, t, d = config.model, config.train, config.data
-    for ok, message in [*_model_checks(m), *_train_checks(t), *_data_checks(d, m)]:
+    for ok, message in [*model_checks(m), *train_checks(t), *data_checks(d, m)]:
         if not ok:
             raise Seq2SeqError(f"config: {message}")
     config.decode.check()
-
-
-def _model_checks(m: ModelConfig) -> list[Check]:
-    """Shapes that build, within this toolkit's limits."""
-    return [
-        (
-            m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
-            "model.d_model must be a positive multiple of model.n_heads",
-        ),
-        (
-            m.n_kv_heads is None
-            or (1 <= m.n_kv_heads <= m.n_heads and m.n_heads % m.n_kv_heads == 0),
-            "model.n_kv_heads must divide model.n_heads (1 = MQA, n_heads = MHA)",
-        ),
-        (m.d_latent is None or m.d_latent >= 1, "model.d_latent must be positive"),
-        (m.src_vocab_size >= 8 and m.tgt_vocab_size >= 8, "model vocabulary sizes must be >= 8"),
-        (
-            m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1,
-            "model sizes must be positive",
-        ),
-        *[
-            (value <= limit, f"model.{name} = {value} is beyond this toolkit's limit of {limit}")
-            for name, value, limit in (
-                ("n_enc_layers", m.n_enc_layers, _MAX_LAYERS),
-                ("n_dec_layers", m.n_dec_layers, _MAX_LAYERS),
-                ("d_model", m.d_model, _MAX_WIDTH),
-                ("d_ff", m.d_ff, 4 * _MAX_WIDTH),
-                ("d_latent", m.d_latent or 0, _MAX_WIDTH),
-                ("src_vocab_size", m.src_vocab_size, _MAX_VOCAB),
-                ("tgt_vocab_size", m.tgt_vocab_size, _MAX_VOCAB),
-                ("max_positions", m.max_positions, _MAX_POSITIONS),
-            )
-        ],
-        (
-            all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
-            "model dropouts must be in [0, 1)",
-        ),
-        (m.max_positions >= 2, "model.max_positions must be >= 2"),
-    ]
-
-
-def _train_checks(t: TrainConfig) -> list[Check]:
-    """Rates, budgets, and how and where the trainer runs."""
-    return [
-        (
-            t.early_dropout is None or 0.0 <= t.early_dropout < 1.0,
-            "train.early_dropout must be in [0, 1) or null (model.dropout throughout)",
-        ),
-        (
-            0 <= t.dropout_epochs[0] <= t.dropout_epochs[1],
-            "train.dropout_epochs must be two epochs, 0 <= from <= to",
-        ),
-        (
-            0 < t.lr <= 10 and t.warmup_steps >= 0,
-            "train.lr must be in (0, 10] and train.warmup_steps >= 0",
-        ),
-        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
-        (0.0 <= t.cooldown <= 1.0, "train.cooldown must be in [0, 1]"),
-        (
-            t.accum_steps >= 1 and t.max_epochs >= 1,
-            "train.accum_steps and train.max_epochs must be >= 1",
-        ),
-        (
-            t.precision in ("auto", "bf16", "tf32", "fp32"),
-            "train.precision must be 'auto', 'bf16', 'tf32' or 'fp32'",
-        ),
-        (
-            t.attention_kernels in ("auto", "all"),
-            "train.attention_kernels must be 'auto' or 'all'",
-        ),
-        (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
-        (
-            re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
-            "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
-        ),
-        (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),
-        (
-            t.keep_last >= 0 and 0 <= t.average_last <= t.keep_last,
-            "train.average_last must be between 0 and train.keep_last",
-        ),
-        (t.log_every >= 1, "train.log_every must be >= 1"),
-        (t.patience >= 1, "train.patience must be >= 1"),
-        (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
-        (t.threads is None or t.threads >= 1, "train.threads must be >= 1"),
-        (t.prefetch >= 0, "train.prefetch must be >= 0 (0 = no prefetching)"),
-        (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
-        (
-            t.clip_norm >= 0 and t.max_bad_steps >= 0,
-            "train.clip_norm and train.max_bad_steps must be >= 0",
-        ),
-    ]
-
-
-def _data_checks(d: DataConfig, m: ModelConfig) -> list[Check]:
-    """The data section, and how it must fit the model's positions."""
-    return [
-        (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
-        (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
-        (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
-        (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
-        (0.0 <= d.subword_alpha < 1.0, "data.subword_alpha must be in [0, 1) (0 = off)"),
-        (
-            0 <= d.subword_epochs[0] <= d.subword_epochs[1],
-            "data.subword_epochs must be two epochs, 0 <= from <= to",
-        ),
-        (
-            not d.subword_alpha or d.spm_model_type == "bpe",
-            "data.subword_alpha (BPE-dropout) needs data.spm_model_type 'bpe'",
-        ),
-        (
-            d.columns is None or re.fullmatch(r"([^,]+),(?!\1$)[^,]+", d.columns) is not None,
-            "data.columns must name two different columns, source first, e.g. '1,2' or 'en,fr'",
-        ),
-    ]

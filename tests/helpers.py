@@ -27,6 +27,21 @@ HOST_READS = (
     "nonzero",
 )
 
+# A tiny run: a 1+1-layer d_model 32 model on the committed sample corpus (40 pairs), a step a
+# fraction of a second on any device; ``--set`` strings, to which each user adds its own
+# batches, budgets, precision and device. The tests, experiments/gpu_check.py and
+# experiments/bench_train.py --quick train it.
+TINY_RUN = [
+    "data.data=sample",
+    "data.vocab_size=200",  # SentencePiece raises it to the 308 its byte pieces need
+    "model.d_model=32",
+    "model.n_heads=4",
+    "model.d_ff=64",
+    "model.n_enc_layers=1",
+    "model.n_dec_layers=1",
+    "train.attention_sentences=0",
+]
+
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a process a test starts: this one's, with one OpenMP thread (torch

@@ -12,6 +12,7 @@ from test_plotting import expected_pixels, png_size
 
 from seq2seq.commands.cli import main
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
 from seq2seq.drawing.plotting import CAPTION, figure_size
 from seq2seq.drawing.words import WORDS_NOTE
@@ -21,14 +22,13 @@ from seq2seq.inspect.influence import (
     occlude,
     tied_columns,
 )
+from seq2seq.inspect.records import TEACHER_FORCED
 from seq2seq.inspect.report import (
     MAX_PAGE_SENTENCES,
-    TEACHER_FORCED,
     attention_report,
     format_summary,
     selected_maps,
 )
-from seq2seq.run.checkpoint import load_run
 from seq2seq.training.trainer import train
 from seq2seq.vocab import EOS_ID
 

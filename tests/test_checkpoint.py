@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 from test_train import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env, tiny_config, tiny_overrides
 
 from seq2seq.commands.cli import main
+from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import build_model
 from seq2seq.run import checkpoint
@@ -40,7 +41,7 @@ def copy_of(run_dir, tmp_path) -> Path:
 
 
 def test_a_fresh_process_gives_the_same_logits(run_dir, tmp_path):
-    _, tokenizer, model = checkpoint.load_run(run_dir)
+    _, tokenizer, model = load_run(run_dir)
     assert not model.training
     with torch.inference_mode():
         logits = model(SRC, TGT)  # (B, T, V)
@@ -49,7 +50,7 @@ def test_a_fresh_process_gives_the_same_logits(run_dir, tmp_path):
     script = (
         "import sys, numpy, torch\n"
         "torch.set_num_threads(1)\n"
-        "from seq2seq.run.checkpoint import load_run\n"
+        "from seq2seq.decoding.load import load_run\n"
         "_, _, model = load_run(sys.argv[1])\n"
         "src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])\n"
         "tgt = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])\n"
@@ -135,8 +136,8 @@ def test_average_command_writes_weights_every_command_loads(copy_of, tmp_path, c
     assert "BLEU = " in capsys.readouterr().out  # its hypotheses beside the run's, not over them
     assert (copy_of / "hyps.validation.en.averaged.txt").is_file()
     assert not (copy_of / "hyps.validation.en.txt").exists()
-    _, _, model = checkpoint.load_run(averaged)
-    _, _, best = checkpoint.load_run(copy_of)
+    _, _, model = load_run(averaged)
+    _, _, best = load_run(copy_of)
     for (name, x), (_, y) in zip(
         model.state_dict().items(), best.state_dict().items(), strict=True
     ):
@@ -288,7 +289,7 @@ def _to_float64(tensors):
 def test_a_broken_best_model_is_one_clear_error(copy_of, tamper, message):
     tamper(copy_of / checkpoint.BEST_FILE)
     with pytest.raises(Seq2SeqError, match=message) as error:
-        checkpoint.load_run(copy_of)
+        load_run(copy_of)
     assert "\n" not in str(error.value)
 
 
@@ -336,7 +337,7 @@ def test_a_pickle_in_place_of_a_checkpoint_is_refused_not_run(copy_of, tmp_path,
         else:
             path.write_bytes(pickle.dumps(payload(marker)))
     with pytest.raises(Seq2SeqError, match="not a readable safetensors file"):
-        checkpoint.load_run(copy_of)
+        load_run(copy_of)
     with pytest.raises(Seq2SeqError, match="not a readable safetensors file"):
         train(tiny_config(train__max_steps=20), copy_of, resume=True, progress=False)
     assert not marker.exists()
@@ -436,4 +437,4 @@ def test_not_a_run_directory(tmp_path, run_dir, make):
         target.mkdir()
         shutil.copy(run_dir / checkpoint.CONFIG_FILE, target)
     with pytest.raises(Seq2SeqError):
-        checkpoint.load_run(target)
+        load_run(target)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq.commands import decode as cli_decode
+from seq2seq.commands import decode
 from seq2seq.commands.cli import build_parser, main
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
@@ -39,7 +39,7 @@ def test_decoding_batches_are_max_tokens_and_the_old_spelling_still_works(
     command, spelling, capsys
 ):
     args = build_parser().parse_args([command, "RUN", spelling, "24"])
-    assert cli_decode._decode_overrides(args)["max_tokens"] == 24
+    assert decode._decode_overrides(args)["max_tokens"] == 24
     deprecated = "note: --batch-tokens is deprecated; use --max-tokens" in capsys.readouterr().err
     assert deprecated == (spelling == "--batch-tokens")
 
@@ -52,7 +52,9 @@ def test_data_drops_training_pairs_by_max_train_len_and_the_old_spelling_still_w
         outputs[spelling] = captured.out
         deprecated = "note: --max-len is deprecated; use --max-train-len" in captured.err
         assert deprecated == (spelling == "--max-len")
-    dropped = re.search(r"dropped: train too long (\d+) \(limit 36 subwords", outputs["--max-len"])
+    dropped = re.search(
+        r"dropped: train: (\d+) longer than 36 subwords \(limit 36 subwords", outputs["--max-len"]
+    )
     assert dropped and 0 < int(dropped.group(1)) < 40  # some of the 40 training pairs
     assert outputs["--max-len"] == outputs["--max-train-len"]
 

@@ -13,13 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seq2seq.commands.cli import format_data_report, main
-from seq2seq.config import DataConfig
-from seq2seq.data import batching, hub, registry
+from seq2seq.config import Config, DataConfig
+from seq2seq.data import batching, hub, prepare, registry
 from seq2seq.data.batching import TokenBatchSampler, collate
 from seq2seq.data.corpora import encode_pairs, load_corpus, open_corpus
+from seq2seq.data.prepare import prepare_store
 from seq2seq.data.report import data_report
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import Seq2SeqError
+from seq2seq.run.runtime import Runtime
+from seq2seq.training.prepare import prepare_data
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"  # ships with the repository
@@ -372,19 +375,23 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
     )
 
 
-def test_long_pairs_dropped_from_training_only_and_counted(tokenizer):
+def test_long_pairs_dropped_from_training_only_and_counted(tokenizer, tmp_path):
     corpus = load_corpus("sample", "de", "en")
     long_pair = (" ".join(["Hund"] * 60), "dog")
-    corpus.splits["train"].append(long_pair)
-    corpus.splits["test"].append(long_pair)
-    src_ids, tgt_ids, n_long = encode_pairs(corpus.splits["train"], tokenizer, max_len=50)
+    train = [*corpus.splits["train"], long_pair]
+    src_ids, tgt_ids, n_long = encode_pairs(train, tokenizer, max_len=50)
     assert n_long == 1 and len(src_ids) == len(tgt_ids) == 40
     assert all(len(ids) <= 50 for ids in src_ids + tgt_ids)
-    assert encode_pairs(corpus.splits["train"], tokenizer, None)[2] == 0
-    report = data_report(corpus, tokenizer, max_len=50, max_tokens=512)
-    assert report["dropped"] == {"train": {"too long": 1}}
+    assert encode_pairs(train, tokenizer, None)[2] == 0
+    for split, split_pairs in corpus.splits.items():  # the long pair in train and test
+        extra = [long_pair] if split != "validation" else []
+        write_parallel(tmp_path / "corpus", split, split_pairs + extra)
+    config = Config(data=DataConfig(data=str(tmp_path / "corpus"), vocab_size=400, max_len=50))
+    prepare_store(config, tmp_path / "run", False, print)
+    report = data_report(config, tmp_path / "run")
+    assert report["dropped"] == {"train": {"longer than 50 subwords": 1}}
     assert report["splits"]["train"]["pairs"] == 40 and report["splits"]["test"]["pairs"] == 7
-    assert "train too long 1" in format_data_report(report)
+    assert "dropped: train: 1 longer than 50 subwords" in format_data_report(report)
 
 
 # --- Batches -------------------------------------------------------------------------------
@@ -454,6 +461,32 @@ def test_data_command_prints_and_saves_the_report(tmp_path, capsys):
     assert set(report["splits"]["validation"]["src_lengths"]) == {"p50", "p90", "p99", "max"}
     # Its batches are the trainer's: the same per-side token bound by default.
     assert report["batches"]["max_tokens_per_side"] == DataConfig().max_tokens
+
+
+def test_the_data_command_reports_the_tokenizer_and_pairs_a_run_prepares(tmp_path, monkeypatch):
+    """``seq2seq data`` prepares through the trainer's own assembly: on a corpus larger than
+    the tokenizer's sample, the same tokenizer (trained on the sample) and the same counts."""
+    monkeypatch.setattr(prepare, "TOKENIZER_SAMPLE", 20)  # fewer than sample's 40 pairs
+    run = prepare_data(
+        Config(data=DataConfig(data="sample", max_len=36)), tmp_path / "run", Runtime(), False
+    )
+    out = tmp_path / "report.json"
+    assert main(["data", "--data", "sample", "--max-train-len", "36", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    tok = run.tokenizer
+    assert report["vocab"] == {"joint": True, "src": tok.src_vocab_size, "tgt": tok.tgt_vocab_size}
+    train = report["splits"]["train"]
+    assert 0 < train["pairs"] == len(run.train) < 40  # some dropped by length, as in the run
+    assert train["src_tokens"] == run.train.src_lengths.sum()
+    assert train["tgt_tokens"] == run.train.tgt_lengths.sum()
+    assert report["splits"]["validation"]["src_tokens"] == sum(map(len, run.valid_src))
+    assert (report["dropped"], report["notes"]) == (run.summary["dropped"], run.summary["notes"])
+    # A tokenizer trained on every pair, as the command once trained its own, counts otherwise.
+    every = load_corpus("sample", "de", "en").splits["train"]
+    whole = Tokenizer.train(
+        [s for s, _ in every], [t for _, t in every], tmp_path / "all", fit_to_corpus=True
+    )
+    assert whole.src_vocab_size != tok.src_vocab_size
 
 
 def test_a_dataset_with_several_configurations_takes_one_by_name(tmp_path, monkeypatch):

@@ -28,8 +28,9 @@ from seq2seq.decoding.evaluate import (
     lc_norm_tok,
     literature_bleu,
 )
+from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
-from seq2seq.run.checkpoint import BEST_FILE, average_run, describe_weights, load_run, read_tensors
+from seq2seq.run.checkpoint import BEST_FILE, average_run, describe_weights, read_tensors
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 

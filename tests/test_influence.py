@@ -16,6 +16,7 @@ from helpers import V, child_env, tiny_model, tiny_run_dir
 
 from seq2seq.config import DecodeConfig
 from seq2seq.data.batching import collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import force_decode, greedy_search
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import TIE_NATS, agreement, occlude, tied_columns
@@ -28,7 +29,6 @@ from seq2seq.inspect.interventions import (
 )
 from seq2seq.model.attention import MultiHeadAttention
 from seq2seq.model.transformer import padding_mask
-from seq2seq.run.checkpoint import load_run
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 import seq2seq
 from seq2seq.decoding.translate import Translation
-from seq2seq.inspect.report import sentence_records
+from seq2seq.inspect.records import sentence_records
 
 SENTENCE = "Ein Hund läuft über die Wiese."
 OTHER = "Eine Katze spielt mit einem Ball."
@@ -89,7 +89,13 @@ def test_an_intervention_shows_the_translation_before_and_after(run, dog):
 
 @pytest.mark.parametrize(
     ("sentence", "says"),
-    [("", "The sentence is empty"), ("\u200b", r"The sentence \(U\+200B\) has no subwords")],
+    [
+        ("", "The sentence is empty"),
+        (
+            "\u200b",
+            r"The sentence has no subwords: the tokenizer drops each of its characters \(U\+200B\)",
+        ),
+    ],
 )
 def test_a_sentence_the_explorer_cannot_show_shows_a_message(run, sentence, says):
     shown = run.inspect(sentence)

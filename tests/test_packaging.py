@@ -13,7 +13,7 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
-from helpers import child_env
+from helpers import TINY_RUN, child_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on a loaded 2-core machine
@@ -130,9 +130,7 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_an
     assert found["sample"] == 40
 
     # The installed command trains a few steps on the shipped sample corpus, then translates.
-    tiny = ["model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_enc_layers=1"]
-    tiny += ["model.n_dec_layers=1", "data.vocab_size=200", "train.threads=1"]
-    tiny += ["train.attention_sentences=0", "train.valid_bleu_sentences=2"]
+    tiny = [*TINY_RUN, "train.threads=1", "train.valid_bleu_sentences=2"]
     run = tmp_path / "run"
     commands = {
         "train": ["train", "--data", "sample", "--out", str(run), "--max-steps", "3"],

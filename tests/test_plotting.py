@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 from helpers import child_env
 
+from seq2seq.drawing.map_stats import attention_stats, is_punctuation
 from seq2seq.drawing.plotting import (
     CAPTION,
-    attention_stats,
     figure_size,
     font_families,
-    is_punctuation,
     plot_attention,
     write_attention_json,
 )

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import child_env
+from helpers import TINY_RUN, child_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seq2seq.commands.cli import main
 from seq2seq.config import load_config
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run import checkpoint
@@ -35,17 +36,10 @@ from seq2seq.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
+    *TINY_RUN,
     "model.max_positions=128",
-    "data.data=data/sample",
-    "data.vocab_size=200",
     "data.max_len=100",
     "train.threads=1",
-    "train.attention_sentences=0",
     "train.precision=fp32",
     "train.device=cpu",
     "train.warmup_steps=10",
@@ -419,7 +413,7 @@ def test_a_hostile_run_directory_is_one_clear_error(copy_of, capsys, case):
     one_line_error(rc, err, message)
     assert out == ""
     with pytest.raises(Seq2SeqError, match=message):
-        checkpoint.load_run(copy_of)
+        load_run(copy_of)
 
 
 @pytest.mark.parametrize(

@@ -12,12 +12,11 @@ from helpers import V
 from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
+from seq2seq.decoding.beam import gnmt_length_penalty
+from seq2seq.decoding.deadline import DeadlinePassed, deadline
 from seq2seq.decoding.search import (
-    DeadlinePassed,
     beam_search,
-    deadline,
     force_decode,
-    gnmt_length_penalty,
     greedy_search,
     max_output_length,
     translate_batch,

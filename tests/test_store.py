@@ -1,6 +1,6 @@
 """The tokenized training split on disk (seq2seq.data.store) and the run's data made from it
-(seq2seq.training.prepare): what goes in comes out, nothing half-written is ever read, and a resumed
-run with an unchanged corpus reads none of it."""
+(seq2seq.data.prepare, its ranks seq2seq.training.prepare): what goes in comes out, nothing
+half-written is ever read, and a resumed run with an unchanged corpus reads none of it."""
 
 import json
 import os
@@ -15,7 +15,9 @@ import pytest
 from helpers import child_env
 
 from seq2seq.config import Config, DataConfig, ModelConfig, config_to_dict
+from seq2seq.data import prepare
 from seq2seq.data.corpora import encode_pairs, load_corpus
+from seq2seq.data.prepare import DATA_DIR
 from seq2seq.data.store import (
     MANIFEST,
     PairStore,
@@ -28,8 +30,7 @@ from seq2seq.data.store import (
 )
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.run.runtime import Runtime
-from seq2seq.training import prepare
-from seq2seq.training.prepare import DATA_DIR, prepare_data
+from seq2seq.training.prepare import prepare_data
 
 # --- The store ----------------------------------------------------------------------------
 
@@ -335,10 +336,10 @@ def test_every_rank_checks_that_its_store_was_made_for_rank_0s_corpus(tmp_path):
 KILLED_PREPARATION = """
 import json, os, signal, sys
 from pathlib import Path
-from seq2seq.training import prepare
-from seq2seq.data import store
+from seq2seq.data import prepare, store
 from seq2seq.config import config_from_dict
 from seq2seq.run.runtime import Runtime
+from seq2seq.training.prepare import prepare_data
 
 prepare._ENCODE_CHUNK = 10
 append = store.PairWriter.append
@@ -350,7 +351,7 @@ def append_then_die(self, src, tgt):
 
 store.PairWriter.append = append_then_die
 config = config_from_dict(json.loads(sys.argv[1]))
-prepare.prepare_data(config, Path(sys.argv[2]), Runtime(), resume=False)
+prepare_data(config, Path(sys.argv[2]), Runtime(), resume=False)
 """
 
 

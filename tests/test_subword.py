@@ -31,6 +31,7 @@ from test_train import (
     write_tiny_yaml,
 )
 
+from seq2seq.data.prepare import DATA_DIR
 from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.data.subword import (
     SAMPLED_DIR,
@@ -42,7 +43,6 @@ from seq2seq.data.subword import (
 )
 from seq2seq.data.tokenizer import JOINT_FILE, Tokenizer
 from seq2seq.run import checkpoint
-from seq2seq.training.prepare import DATA_DIR
 from seq2seq.training.trainer import train
 
 MERGES = {"data__vocab_size": 400}  # the tiny runs' 308 pieces are characters: nothing to drop

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import yaml
-from helpers import child_env, no_host_reads
+from helpers import TINY_RUN, child_env, no_host_reads
 
 from seq2seq.config import load_config
 from seq2seq.errors import Seq2SeqError
@@ -35,19 +35,12 @@ SAMPLE = REPO / "data" / "sample"
 SUBPROCESS_TIMEOUT_S = 300  # importing torch alone takes ~20 s on the shared 2-core machine
 
 TINY = {
-    "data.data": str(SAMPLE),
-    "data.vocab_size": 200,  # SentencePiece raises it to the 308 its byte pieces need
+    **dict(setting.split("=", 1) for setting in TINY_RUN),
     "data.max_len": 60,
     "data.max_tokens": 160,
-    "model.d_model": 32,
-    "model.n_heads": 4,
-    "model.d_ff": 64,
-    "model.n_enc_layers": 1,
-    "model.n_dec_layers": 1,
     "model.max_positions": 64,
     "model.dropout": 0.1,
     "train.threads": 1,
-    "train.attention_sentences": 0,
     "train.valid_bleu_sentences": 2,
     "train.log_every": 1,
     "train.warmup_steps": 10,

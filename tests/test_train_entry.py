@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from helpers import TINY_RUN
 
 import seq2seq
 from seq2seq.commands.cli import main
@@ -18,17 +19,10 @@ from seq2seq.training.trainer import Trainer
 
 STEPS, STOP = 8, 3
 TINY = [
-    "data.data=sample",
-    "data.vocab_size=200",
+    *TINY_RUN,
     "data.max_tokens=160",
-    "model.d_model=32",
-    "model.n_heads=4",
-    "model.d_ff=64",
-    "model.n_enc_layers=1",
-    "model.n_dec_layers=1",
     "model.dropout=0.1",
     "train.threads=1",
-    "train.attention_sentences=0",
     "train.valid_bleu_sentences=2",
     "train.warmup_steps=4",
     "train.precision=fp32",

@@ -95,7 +95,8 @@ def test_columns_by_header_name(tmp_path, pairs):
     [
         ("{tsv}", "1,4", "has no column '4' (line 1 has 3, and no header line)"),
         ("{tsv}", "english,french", "has no column 'english'"),
-        ("{tsv}", "2,2", "--columns 2,2: give two different columns"),
+        # checked with the run's config, as `train` checks it
+        ("{tsv}", "2,2", "config: data.columns must name two different columns"),
         # digits that are not ASCII (str.isdigit says yes to them, int() does not)
         ("{tsv}", "\u00b2,1", "has no column '\u00b2' (line 1 has 3, and no header line)"),
         ("{tsv}", "\u0661,2", "has no column '\u0661'"),

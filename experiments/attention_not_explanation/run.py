@@ -45,6 +45,7 @@ from torch import Tensor
 
 from seq2seq.config import DecodeConfig, load_config
 from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, force_decode
 from seq2seq.decoding.translate import translate_ids
 from seq2seq.drawing.plotting import plot_attention
@@ -406,7 +407,7 @@ def main() -> int:
     training = {s: model_used(run_dirs[s], scored[s]) for s in args.seeds}
     if len({t["steps"] for t in training.values()}) > 1:
         raise SystemExit("the models trained different numbers of steps: not one budget")
-    loaded = {s: checkpoint.load_run(path) for s, path in scored.items()}
+    loaded = {s: load_run(path) for s, path in scored.items()}
     base = loaded[args.seeds[0]][0]
     d = base.data
     pairs = load_pairs(d)

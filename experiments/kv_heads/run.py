@@ -41,10 +41,10 @@ from matplotlib.figure import Figure
 
 from seq2seq.config import DecodeConfig, load_config
 from seq2seq.data.batching import collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import greedy_search
 from seq2seq.decoding.translate import translate_ids
 from seq2seq.model.transformer import Seq2Seq, count_parameters, padding_mask
-from seq2seq.run import checkpoint
 from seq2seq.vocab import BOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
@@ -308,7 +308,7 @@ def main() -> int:
     scored = {name: last_state(runs / name) for name in variants}
     used = {name: model_used(runs / name, path) for name, path in scored.items()}
     check_budget(used, next(iter(configs.values())).train.max_steps)
-    loaded = {name: checkpoint.load_run(path) for name, path in scored.items()}
+    loaded = {name: load_run(path) for name, path in scored.items()}
     d = next(iter(configs.values())).data
     pairs = load_pairs(d)
     refs = [t for _, t in pairs]

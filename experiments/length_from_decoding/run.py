@@ -31,9 +31,9 @@ from matplotlib.figure import Figure
 
 from seq2seq.config import DecodeConfig, load_config
 from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.checkpoint import load_run
 from seq2seq.training.trainer import train
 from seq2seq.vocab import EOS_ID
 

@@ -39,10 +39,10 @@ from pathlib import Path
 import numpy as np
 
 from seq2seq.data.corpora import load_corpus
+from seq2seq.data.prepare import DATA_DIR
 from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.errors import Seq2SeqError
 from seq2seq.training.curves import read_metrics
-from seq2seq.training.prepare import DATA_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common
 from common import (  # noqa: E402

@@ -2,8 +2,9 @@
 
 Here: the parser, ``main`` and the commands that make and inspect runs (``data``, ``train``,
 ``average``, ``plot``); the commands that use a trained run (``translate``, ``evaluate``,
-``attention``, ``serve``, ``export``) are in ``cli_decode``. Every user-facing failure is a
-``Seq2SeqError``, printed here as one line with exit status 2.
+``attention``, ``serve``, ``export``) are in ``decode``, the options several share in
+``options``. Every user-facing failure is a ``Seq2SeqError``, printed here as one line with
+exit status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from seq2seq.commands import decode as cli_decode
+from seq2seq.commands import decode
+from seq2seq.commands.options import (
+    add_columns_option,
+    add_device_option,
+    add_renamed_option,
+    finite_number_arg,
+    whole_number_arg,
+)
 from seq2seq.config import DataConfig
 from seq2seq.errors import Seq2SeqError
 from seq2seq.version import __version__
@@ -25,77 +33,98 @@ def _add_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "data",
         help="summarise a parallel corpus: pairs, subword lengths, padding",
-        description="Load a corpus, (train and) apply a tokenizer, print its summary: what a "
-        "training run with the same data settings would see.",
+        description="Prepare a corpus as a training run with the same data settings would "
+        "(the tokenizer trained on its training pairs, the pairs encoded into a store), in a "
+        "scratch directory, and print what the run would train on.",
     )
     p.add_argument(
         "--data",
-        default=defaults.data,
         help="registry name (data/corpora.yaml), Hub id, folder of {split}.{lang}[.gz] files, "
-        "TSV file or folder (default: %(default)s, the Multi30k copy that ships with seq2seq)",
+        f"TSV file or folder (default: {defaults.data}, the Multi30k copy that ships with seq2seq)",
     )
-    p.add_argument("--src", default=defaults.src, help="source language (default: %(default)s)")
-    p.add_argument("--tgt", default=defaults.tgt, help="target language (default: %(default)s)")
+    p.add_argument("--src", help=f"source language (default: {defaults.src})")
+    p.add_argument("--tgt", help=f"target language (default: {defaults.tgt})")
     p.add_argument("--test-split", help="the split to use as test (default: the one named test*)")
-    cli_decode.add_columns(p)
+    add_columns_option(p)
     p.add_argument(
         "--tokenizer", type=Path, help="reuse this tokenizer (run directory or .model file)"
     )
     p.add_argument(
         "--vocab-size",
-        type=cli_decode.whole_number_arg,
-        help=f"default: sized to the corpus, at most {defaults.vocab_size}",
+        type=whole_number_arg,
+        help=f"default: sized to the corpus, at most {defaults.vocab_size} (data.vocab_size)",
     )
-    cli_decode.add_renamed(
+    add_renamed_option(
         p,
         "--max-train-len",
         "--max-len",  # which now means an output's length cap alone (attention, serve)
-        type=cli_decode.whole_number_arg,
-        default=defaults.max_len,
+        type=whole_number_arg,
         metavar="N",
         help="drop training pairs longer than this many subwords a side (default: "
-        "%(default)s, data.max_len)",
+        f"{defaults.max_len}, data.max_len)",
     )
     p.add_argument(
         "--max-tokens",
-        type=cli_decode.whole_number_arg,
-        default=defaults.max_tokens,
-        help="tokens per batch, per side (default: %(default)s, as training)",
+        type=whole_number_arg,
+        help=f"tokens per batch, per side (default: {defaults.max_tokens}, data.max_tokens)",
     )
+    _add_config_options(p)
     p.add_argument("--out", type=Path, help="also write the summary as JSON here")
     p.set_defaults(run=_run_data)
 
 
+def _add_config_options(p: argparse.ArgumentParser) -> None:
+    """--config and --set, as ``train`` and ``data`` take them."""
+    p.add_argument("--config", type=Path, help="YAML file with model/data/train/decode sections")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. --set train.lr=5e-4",
+    )
+
+
+def _overrides(flags: dict[str, object], given: list[str]) -> list[str]:
+    """The flags given (not None) as ``--set`` strings, then the ``--set`` ones, which win."""
+    return [f"{k}={v}" for k, v in flags.items() if v is not None] + given
+
+
+def _data_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The corpus options ``train`` and ``data`` share, as config keys."""
+    return {
+        "data.data": args.data,
+        "data.src": args.src,
+        "data.tgt": args.tgt,
+        "data.test_split": args.test_split,
+        "data.columns": args.columns,
+    }
+
+
 def _run_data(args: argparse.Namespace) -> int:
-    """``seq2seq data``: load the corpus, tokenize it, print (and optionally save) the report."""
-    from seq2seq.data.corpora import load_corpus
+    """``seq2seq data``: prepare the corpus as a run would, in a scratch directory; print (and
+    optionally save) the report of what the run would train on."""
+    from seq2seq.config import load_config
+    from seq2seq.data.prepare import prepare_store
     from seq2seq.data.report import data_report
     from seq2seq.data.tokenizer import Tokenizer
     from seq2seq.fileio import atomic_write_text
 
-    defaults = DataConfig()
-    corpus = load_corpus(
-        args.data,
-        args.src,
-        args.tgt,
-        args.test_split,
-        defaults.carve_valid,
-        defaults.carve_test,
-        columns=args.columns,
-    )
-    if args.tokenizer:
-        tokenizer = Tokenizer.load(args.tokenizer)
-    else:
-        train = corpus.splits["train"]
-        with tempfile.TemporaryDirectory() as scratch:
-            tokenizer = Tokenizer.train(
-                [s for s, _ in train],
-                [t for _, t in train],
-                Path(scratch),
-                args.vocab_size or defaults.vocab_size,
-                fit_to_corpus=args.vocab_size is None,
-            )
-    report = data_report(corpus, tokenizer, args.max_train_len, args.max_tokens)
+    flags = {
+        **_data_flags(args),
+        "data.vocab_size": args.vocab_size,
+        "data.max_len": args.max_train_len,
+        "data.max_tokens": args.max_tokens,
+    }
+    config = load_config(args.config, _overrides(flags, args.overrides))
+    with tempfile.TemporaryDirectory() as scratch:
+        run_dir = Path(scratch)
+        reuse = args.tokenizer is not None
+        if reuse:  # prepared as a resumed run is: with the tokenizer it has
+            Tokenizer.load(args.tokenizer).save(run_dir)
+        prepare_store(config, run_dir, reuse, lambda text: print(text, file=sys.stderr))
+        report = data_report(config, run_dir)
     print(format_data_report(report))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +151,7 @@ def format_data_report(report: dict) -> str:
             f"{split:<11}{s['pairs']:>8,}{s['src_tokens']:>12,}{s['tgt_tokens']:>12,}   {src_len:<26}{tgt_len}"
         )
     dropped = [
-        f"{split} {reason} {n:,}"
+        f"{split}: {n:,} {reason}"
         for split, reasons in report["dropped"].items()
         for reason, n in reasons.items()
     ]
@@ -151,37 +180,29 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--src", help="source language code (default de)")
     p.add_argument("--tgt", help="target language code (default en)")
     p.add_argument("--test-split", help="which test* split is the test set")
-    cli_decode.add_columns(p)
+    add_columns_option(p)
     p.add_argument("--out", type=Path, required=True, help="run directory, e.g. runs/de-en")
-    p.add_argument("--config", type=Path, help="YAML file with model/data/train/decode sections")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. --set train.lr=5e-4",
-    )
+    _add_config_options(p)
     p.add_argument(
         "--max-time",
-        type=cli_decode.finite_number_arg,
+        type=finite_number_arg,
         metavar="MINUTES",
         help="training-time budget in minutes (default 30; 0 = none, stop by patience or "
         "epochs); the learning rate cools down over its last 30%% (train.cooldown)",
     )
     p.add_argument(
         "--max-steps",
-        type=cli_decode.whole_number_arg,
+        type=whole_number_arg,
         help="step budget; without --max-time it is the only budget (no 30-minute limit) and "
         "the cool-down follows it",
     )
     p.add_argument(
         "--max-epochs",
-        type=cli_decode.whole_number_arg,
+        type=whole_number_arg,
         help="epoch budget (default 100); without --max-time there is no time limit",
     )
-    p.add_argument("--seed", type=cli_decode.whole_number_arg)
-    p.add_argument("--device", help=cli_decode.DEVICE_HELP)
+    p.add_argument("--seed", type=whole_number_arg)
+    add_device_option(p, default=None)  # train.device
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument(
         "--resume",
@@ -200,11 +221,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from seq2seq.training.entry import train_run
 
     flags = {
-        "data.data": args.data,
-        "data.src": args.src,
-        "data.tgt": args.tgt,
-        "data.test_split": args.test_split,
-        "data.columns": args.columns,
+        **_data_flags(args),
         "train.max_epochs": args.max_epochs,
         "train.max_time": args.max_time,
         "train.max_steps": args.max_steps,
@@ -212,11 +229,10 @@ def _run_train(args: argparse.Namespace) -> int:
         "train.device": args.device,
         "train.precision": "fp32" if args.fp32 else None,
     }
-    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None] + args.overrides
     state = train_run(
         args.out,
         args.config,
-        overrides,
+        _overrides(flags, args.overrides),
         resume=args.resume,
         overwrite=args.overwrite,
         tensorboard=args.tensorboard,
@@ -250,10 +266,7 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument(
-        "--last",
-        type=cli_decode.whole_number_arg,
-        default=5,
-        help="how many (default: %(default)s)",
+        "--last", type=whole_number_arg, default=5, help="how many (default: %(default)s)"
     )
     p.add_argument(
         "-o",
@@ -308,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
-    for add in (_add_data, _add_train, _add_average, _add_plot, *cli_decode.COMMANDS):
+    for add in (_add_data, _add_train, _add_average, _add_plot, *decode.COMMANDS):
         add(sub)
     return parser
 

@@ -1,6 +1,7 @@
 """The ``seq2seq`` commands that use a trained run: translate, evaluate, attention, serve, export.
 
-Each parses its options and calls a library function (``cli.main`` prints failures).
+Each parses its options and calls a library function (``cli.main`` prints failures); the
+options several commands share are in ``options``.
 """
 
 from __future__ import annotations
@@ -10,64 +11,14 @@ import sys
 import warnings
 from pathlib import Path
 
-from seq2seq.errors import Seq2SeqError, finite_number, whole_number
-
-DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: auto)"
-
-
-class _OldSpelling(argparse.Action):
-    """An option's former name: it still works, with a note on stderr naming the new one."""
-
-    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.new = new
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"note: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_renamed(p: argparse.ArgumentParser, name: str, old: str, **kwargs) -> None:
-    """The option ``name`` (``kwargs`` as for ``add_argument``), also read under its former
-    name ``old``, which ``--help`` no longer shows."""
-    action = p.add_argument(name, **kwargs)
-    p.add_argument(
-        old,
-        dest=action.dest,
-        type=action.type,
-        metavar=action.metavar,
-        action=_OldSpelling,
-        new=name,
-        default=argparse.SUPPRESS,
-        help=argparse.SUPPRESS,
-    )
-
-
-def add_columns(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--columns",
-        metavar="SRC,TGT",
-        help="the source and target columns of a TSV corpus, by position from 1 or header name, "
-        "e.g. 1,2 (default: a header naming the languages, else the first two)",
-    )
-
-
-def whole_number_arg(text: str) -> int:
-    """``type=`` of every integer option: ASCII digits only, as ``errors.whole_number`` reads
-    them (``int()`` takes "٤" and "1_0")."""
-    number = whole_number(text)
-    if number is None:
-        raise argparse.ArgumentTypeError(f"expected a whole number in ASCII digits, got '{text}'")
-    return number
-
-
-def finite_number_arg(text: str) -> float:
-    """``type=`` of every real-valued option: a finite number in ASCII digits, as
-    ``errors.finite_number`` reads it (``float()`` takes "nan", "inf" and "٠.٥")."""
-    number = finite_number(text)
-    if number is None:
-        raise argparse.ArgumentTypeError(f"expected a finite number in ASCII digits, got '{text}'")
-    return number
+from seq2seq.commands.options import (
+    add_columns_option,
+    add_device_option,
+    add_renamed_option,
+    finite_number_arg,
+    whole_number_arg,
+)
+from seq2seq.errors import Seq2SeqError, whole_number
 
 
 def _layer_arg(text: str) -> int | str:
@@ -86,23 +37,28 @@ def _head_arg(text: str) -> int | str:
     )
 
 
+ATTENTION_DESCRIPTION = (
+    "Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
+    "decoder's cross-attention of the output it produced (under beam search, the chosen "
+    "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
+    "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
+    "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
+    "each row attends to most beside the one whose hiding from cross-attention lowers the "
+    "row's token most: influence by occlusion). HTML: a self-contained "
+    "explorer: a step-through of decoding (the token chosen at each step, its probability, "
+    "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
+    "(attention, or influence), a line view, a model view and interventions (uniform and "
+    "permuted weights in each layer and in all, and any --intervene), with a sentence "
+    "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
+    "and steps are numbered from 1."
+)
+
+
 def _add_attention(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "attention",
         help="translate sentences and explore their cross-attention, step by step",
-        description="Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
-        "decoder's cross-attention of the output it produced (under beam search, the chosen "
-        "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
-        "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
-        "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
-        "each row attends to most beside the one whose hiding from cross-attention lowers the "
-        "row's token most: influence by occlusion). HTML: a self-contained "
-        "explorer: a step-through of decoding (the token chosen at each step, its probability, "
-        "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
-        "(attention, or influence), a line view, a model view and interventions (uniform and "
-        "permuted weights in each layer and in all, and any --intervene), with a sentence "
-        "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
-        "and steps are numbered from 1.",
+        description=ATTENTION_DESCRIPTION,
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("sentence", nargs="?", metavar="SENTENCE", help="source sentence (quote it)")
@@ -115,34 +71,14 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         choices=["png", "svg", "html", "json"],
         help="default: from -o's suffix, else png; html and json hold every layer and head",
     )
-    p.add_argument(
-        "--layer",
-        type=_layer_arg,
-        default="all",
-        metavar="L|all",
-        help="decoder layer, 1 = first (default: all)",
-    )
-    p.add_argument(
-        "--head",
-        type=_head_arg,
-        default="mean",
-        metavar="H|mean|all",
-        help="head, 1 = first; mean = average over heads; all = a grid of every head plus the "
-        "mean (default: mean)",
-    )
-    p.add_argument(
-        "--beam",
-        type=whole_number_arg,
-        help="beam size; 1 = greedy (default: the run's decode.beam)",
-    )
+    _add_map_choice(p)
+    _add_beam_option(p)
     p.add_argument(
         "--max-len",
         type=whole_number_arg,
         help="stop outputs at this many subwords (default: a * S + b)",
     )
-    p.add_argument(
-        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
-    )
+    _add_ban_eos_option(p)
     p.add_argument(
         "--words",
         action="store_true",
@@ -182,12 +118,44 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         help="an HTML page without the uniform and permuted interventions it holds by default "
         "(2 (L + 1) greedy decodings per sentence); --intervene still adds those asked for",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.set_defaults(run=_run_attention)
 
 
-def _run_attention(args: argparse.Namespace) -> int:
+def _add_map_choice(p: argparse.ArgumentParser) -> None:
+    """--layer and --head: the maps a PNG or SVG draws and the table prints."""
+    p.add_argument(
+        "--layer",
+        type=_layer_arg,
+        default="all",
+        metavar="L|all",
+        help="decoder layer, 1 = first (default: all)",
+    )
+    p.add_argument(
+        "--head",
+        type=_head_arg,
+        default="mean",
+        metavar="H|mean|all",
+        help="head, 1 = first; mean = average over heads; all = a grid of every head plus the "
+        "mean (default: mean)",
+    )
 
+
+def _add_beam_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--beam",
+        type=whole_number_arg,
+        help="beam size; 1 = greedy (default: the run's decode.beam)",
+    )
+
+
+def _add_ban_eos_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
+    )
+
+
+def _run_attention(args: argparse.Namespace) -> int:
     from seq2seq.inspect.report import attention_report, format_summary, report_inputs
 
     sentences, references = report_inputs(
@@ -248,7 +216,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         help="a request not decoded within this long, waiting for the model included, gets "
         "503 (default: %(default)s)",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.set_defaults(run=_run_serve)
 
 
@@ -273,28 +241,22 @@ def _run_serve(args: argparse.Namespace) -> int:
 def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
     run's ``decode`` config section."""
-    p.add_argument(
-        "--beam",
-        type=whole_number_arg,
-        help="beam size; 1 = greedy (default: the run's decode.beam)",
-    )
+    _add_beam_option(p)
     p.add_argument("--length-penalty", type=finite_number_arg, help="GNMT alpha for beam search")
     p.add_argument(
         "--max-len-a", type=finite_number_arg, help="max output subwords = a * source subwords + b"
     )
     p.add_argument("--max-len-b", type=whole_number_arg)
     p.add_argument("--no-cache", action="store_true", help="recompute the prefix every step (slow)")
-    p.add_argument(
-        "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
-    )
-    add_renamed(
+    _add_ban_eos_option(p)
+    add_renamed_option(
         p,
         "--max-tokens",
         "--batch-tokens",
         type=whole_number_arg,
         help="source tokens per batch (default: decode.max_tokens)",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    add_device_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
@@ -383,7 +345,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tgt", help="target language (default: the run's data.tgt)")
     p.add_argument("--split", default="test", choices=["train", "validation", "test"])
     p.add_argument("--test-split", help="which test* split is the test set (default: the run's)")
-    add_columns(p)
+    add_columns_option(p)
     p.add_argument(
         "-o",
         "--output",

@@ -1,74 +1,82 @@
 """The corpus report of ``seq2seq data``: what a run would train on, without training.
 
-Pairs, subword tokens and length percentiles per split and side, the pairs dropped and why,
-and how the training pairs fall into batches (``seq2seq.data.batching``, the trainer's own rule).
+Read from what ``seq2seq.data.prepare`` left in a run directory, as a run prepares it: the
+training pairs' subword tokens and length percentiles from the store, validation and test
+encoded with the run's tokenizer, the pairs dropped and why (the store's summary), and how the
+training pairs fall into batches (``seq2seq.data.batching``, the trainer's own rule).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
+
+from seq2seq.config import Config
 from seq2seq.data.batching import TokenBatchSampler
-from seq2seq.data.corpora import Corpus, encode_pairs
+from seq2seq.data.corpora import encode_pairs
+from seq2seq.data.prepare import DATA_DIR, open_run_corpus
+from seq2seq.data.store import PairStore, read_manifest
 from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.errors import Seq2SeqError
 
 
-def _percentiles(lengths: list[int]) -> dict[str, int]:
+def _percentiles(lengths: Sequence[int]) -> dict[str, int]:
     """Nearest-rank percentiles."""
-    ordered = sorted(lengths) or [0]
-    ranks = {f"p{q}": ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)] for q in (50, 90, 99)}
-    return {**ranks, "max": ordered[-1]}
+    ordered = np.sort(np.asarray(lengths, dtype=np.int64)) if len(lengths) else np.zeros(1, int)
+    ranks = {
+        f"p{q}": int(ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]) for q in (50, 90, 99)
+    }
+    return {**ranks, "max": int(ordered[-1])}
 
 
-def data_report(
-    corpus: Corpus,
-    tokenizer: Tokenizer,
-    max_len: int | None,
-    max_tokens: int,
-    seed: int = 1,
-) -> dict:
-    """Pairs, subword tokens and length percentiles per split and side, dropped pairs by
-    reason, and the padding of the training batches, as a JSON-ready dict."""
-    dropped = {split: dict(reasons) for split, reasons in corpus.dropped.items()}
-    splits = {}
-    train_lengths: tuple[list[int], list[int]] = ([], [])
-    for split, pairs in corpus.splits.items():
-        src_ids, tgt_ids, n_long = encode_pairs(
-            pairs, tokenizer, max_len if split == "train" else None
-        )
-        if n_long:
-            dropped.setdefault(split, {})["too long"] = n_long
-        src_lengths, tgt_lengths = [len(x) for x in src_ids], [len(x) for x in tgt_ids]
-        splits[split] = {
-            "pairs": len(src_ids),
-            "src_tokens": sum(src_lengths),
-            "tgt_tokens": sum(tgt_lengths),
-            "src_lengths": _percentiles(src_lengths),
-            "tgt_lengths": _percentiles(tgt_lengths),
-        }
-        if split == "train":
-            train_lengths = (src_lengths, tgt_lengths)
+def _split(src_lengths: Sequence[int], tgt_lengths: Sequence[int]) -> dict:
+    return {
+        "pairs": len(src_lengths),
+        "src_tokens": int(np.sum(src_lengths, dtype=np.int64)),
+        "tgt_tokens": int(np.sum(tgt_lengths, dtype=np.int64)),
+        "src_lengths": _percentiles(src_lengths),
+        "tgt_lengths": _percentiles(tgt_lengths),
+    }
+
+
+def data_report(config: Config, run_dir: Path) -> dict:
+    """What a run with ``config`` trains on, from the data prepared in ``run_dir``
+    (``prepare_store``): pairs, subword tokens and length percentiles per split and side,
+    dropped pairs by reason, and the padding of the training batches, as a JSON-ready dict."""
+    d = config.data
+    manifest = read_manifest(run_dir / DATA_DIR)
+    if manifest is None:
+        raise Seq2SeqError(f"{run_dir / DATA_DIR} holds no whole prepared corpus")
+    tokenizer = Tokenizer.load(run_dir)
+    train = PairStore(run_dir / DATA_DIR, manifest["dtype"])
+    splits = {"train": _split(train.src_lengths, train.tgt_lengths)}
+    for split, pairs in open_run_corpus(d).splits.items():  # validation and test: never dropped
+        src_ids, tgt_ids, _ = encode_pairs(pairs, tokenizer, None)
+        splits[split] = _split([len(x) for x in src_ids], [len(x) for x in tgt_ids])
     # +1: the batch tensors hold EOS (source, target output) or BOS (target input).
     sampler = TokenBatchSampler(
-        [n + 1 for n in train_lengths[0]], [n + 1 for n in train_lengths[1]], max_tokens, seed
+        train.src_lengths + 1, train.tgt_lengths + 1, d.max_tokens, config.train.seed
     )
     n_batches = len(sampler.batches(0))
-    report = {
-        "source": corpus.source_description,
-        "notes": corpus.notes + tokenizer.notes,
+    summary = manifest["summary"]
+    return {
+        "source": summary["source"],
+        "notes": summary["notes"],
         "vocab": {
             "joint": tokenizer.joint,
             "src": tokenizer.src_vocab_size,
             "tgt": tokenizer.tgt_vocab_size,
         },
-        "max_len": max_len,
+        "max_len": d.max_len,
         "splits": splits,
-        "dropped": dropped,
+        "dropped": summary["dropped"],
         "batches": {
-            "max_tokens_per_side": max_tokens,
+            "max_tokens_per_side": d.max_tokens,
             "train_batches": n_batches,
-            "mean_pairs_per_batch": round(len(train_lengths[0]) / max(n_batches, 1), 1),
+            "mean_pairs_per_batch": round(len(train) / max(n_batches, 1), 1),
             "padding_fraction": round(sampler.padding_fraction(0), 4),
         },
     }
-    return report

@@ -208,6 +208,15 @@ class Tokenizer:
             f"no tokenizer in {path}: expected {JOINT_FILE} or {SIDE_FILES['src']} + {SIDE_FILES['tgt']}"
         )
 
+    def save(self, out_dir: Path) -> None:
+        """Write the model(s) into ``out_dir`` under a run directory's names, where
+        ``load`` finds them: one joint model, or one a side."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        files = {"src": JOINT_FILE} if self.joint else SIDE_FILES
+        for side, name in files.items():
+            atomic_write_bytes(out_dir / name, self._models[side].serialized_model_proto())
+
     @staticmethod
     def model_files(run_dir: Path) -> dict[str, Path]:
         """The model file of each side in a run directory (one for both when joint)."""

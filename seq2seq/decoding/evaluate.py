@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
-from seq2seq.config import DecodeConfig
-from seq2seq.data.corpora import open_corpus
+from seq2seq.config import DEFAULT_DEVICE, DataConfig, DecodeConfig
+from seq2seq.data.corpora import Corpus, open_corpus
 from seq2seq.decoding.translate import DecodeProgress, Translation, Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
@@ -80,7 +80,7 @@ def evaluate_split(
     tgt: str | None = None,
     test_split: str | None = None,
     columns: str | None = None,
-    device: str = "cpu",
+    device: str = DEFAULT_DEVICE,
     hyp_file: str | Path | None = None,
     tokenize: str | None = None,
     progress: bool = False,
@@ -110,21 +110,8 @@ def evaluate_split(
     d = translator.config.data
     data, src, tgt = data or d.data, src or d.src, tgt or d.tgt
     tokenize = tokenize or bleu_tokenize(tgt)
-    corpus = open_corpus(  # the training split streams: listed only when it is the one scored
-        data,
-        src,
-        tgt,
-        test_split=test_split or d.test_split,
-        carve_valid=d.carve_valid,
-        carve_test=d.carve_test,
-        columns=columns or (d.columns if data == d.data else None),
-    )
-    pairs = list(corpus.train) if split == "train" else corpus.splits.get(split)
-    if not pairs:
-        raise Seq2SeqError(
-            f"{corpus.source_description} has no pairs in split '{split}'; "
-            f"splits: {', '.join(['train', *corpus.splits])}"
-        )
+    columns = columns or (d.columns if data == d.data else None)
+    corpus, pairs = _split_pairs(d, data, src, tgt, split, test_split or d.test_split, columns)
     decode = decode or translator.config.decode
     with contextlib.closing(DecodeProgress(len(pairs), progress)) as bar:
         results = translator.translate([s for s, _ in pairs], decode, progress=bar)
@@ -152,6 +139,34 @@ def evaluate_split(
     atomic_write_text(hyp_path, "".join(h + "\n" for h in hyps))
     atomic_write_text(scores_path, json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _split_pairs(
+    d: DataConfig,
+    data: str,
+    src: str,
+    tgt: str,
+    split: str,
+    test_split: str | None,
+    columns: str | None,
+) -> tuple[Corpus, list[tuple[str, str]]]:
+    """The corpus and the pairs of ``split``, carved as the run's data settings ``d`` carve."""
+    corpus = open_corpus(  # the training split streams: listed only when it is the one scored
+        data,
+        src,
+        tgt,
+        test_split=test_split,
+        carve_valid=d.carve_valid,
+        carve_test=d.carve_test,
+        columns=columns,
+    )
+    pairs = list(corpus.train) if split == "train" else corpus.splits.get(split)
+    if not pairs:
+        raise Seq2SeqError(
+            f"{corpus.source_description} has no pairs in split '{split}'; "
+            f"splits: {', '.join(['train', *corpus.splits])}"
+        )
+    return corpus, pairs
 
 
 def score(hyps: list[str], refs: list[str], tokenize: str = "13a") -> dict[str, Any]:

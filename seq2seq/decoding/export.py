@@ -29,13 +29,15 @@ from pathlib import Path
 import numpy as np
 from torch import Tensor
 
-from seq2seq.config import DecodeConfig, ModelConfig
+from seq2seq.config import DEFAULT_DEVICE, DecodeConfig, ModelConfig
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
-from seq2seq.decoding.search import Hypothesis, gnmt_length_penalty, max_output_length
+from seq2seq.decoding.beam import gnmt_length_penalty
+from seq2seq.decoding.load import load_run
+from seq2seq.decoding.search import Hypothesis, max_output_length
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.checkpoint import CONFIG_FILE, load_config_file, load_run, save_config
+from seq2seq.run.checkpoint import CONFIG_FILE, load_config_file, save_config
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 QUANTIZATIONS = ("float32", "int8_float32", "int8")
@@ -212,7 +214,7 @@ class CTranslate2Translator(Translator):
 
     @classmethod
     def from_export(
-        cls, export_dir: str | Path, device: str = "cpu", threads: int = 0
+        cls, export_dir: str | Path, device: str = DEFAULT_DEVICE, threads: int = 0
     ) -> CTranslate2Translator:
         export_dir = Path(export_dir)
         if not (export_dir / CT2_MODEL_FILE).is_file():
@@ -288,7 +290,9 @@ class CTranslate2Translator(Translator):
         return Hypothesis(tokens=tokens, score=score, stop_reason=stop, normalized_score=normalized)
 
 
-def open_translator(path: str | Path, device: str = "auto", engine: str = "torch") -> Translator:
+def open_translator(
+    path: str | Path, device: str = DEFAULT_DEVICE, engine: str = "torch"
+) -> Translator:
     """A run (``engine="torch"``) or a CTranslate2 export (``"ctranslate2"``) ready to translate."""
     if engine == "ctranslate2":
         return CTranslate2Translator.from_export(path, device)

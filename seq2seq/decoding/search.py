@@ -4,7 +4,8 @@ Both search a whole batch at once with the decoder's KV cache: the cross-attenti
 are computed once per source sentence (a sentence's beams share them) and the
 self-attention cache follows the beams through ``DecoderCache.reorder``. With
 ``decode.use_cache = False`` they recompute the whole prefix at every step instead: the
-same output, slower. PAD and BOS are never output.
+same output, slower. PAD and BOS are never output. Beam search's steps (expand, finish,
+prune, when a sentence is done) are small functions of their own in ``seq2seq.decoding.beam``.
 
 Every setting comes from one ``DecodeConfig`` (``seq2seq.config``), checked by its ``check``;
 only what a caller wants back (``need_weights``, ``need_eos_trace``) is a keyword argument.
@@ -16,9 +17,8 @@ the data pipeline appended to the source is counted. A step emits one token, so 
 hypothesis that stopped at EOS has at most ``max_len - 1`` tokens plus the EOS, and one
 that hit the limit has exactly ``max_len`` tokens.
 
-A caller that must answer in time (``seq2seq serve``) sets a ``deadline``: every search
-step, and every pass of ``influence.occlude``, checks it (``check_deadline``) and raises
-``DeadlinePassed`` once it is over. Without one the check is a context-variable lookup.
+A caller that must answer in time (``seq2seq serve``) sets a deadline
+(``seq2seq.decoding.deadline``), which every search step checks.
 
 Letters: ``B`` sentences, ``K`` beams, ``S`` source length, ``T`` decoding steps, ``V``
 vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
@@ -27,10 +27,6 @@ vocabulary, ``L`` decoder layers, ``H`` heads, ``N`` returned hypotheses.
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -38,34 +34,10 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from seq2seq.config import DecodeConfig
+from seq2seq.decoding import beam
+from seq2seq.decoding.deadline import check_deadline
 from seq2seq.model.transformer import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
-
-# A context variable, not an argument: the deadline crosses every layer between a server
-# and the loops (records, occlusion, interventions), and each thread has its own.
-_DEADLINE: ContextVar[float | None] = ContextVar("seq2seq_deadline", default=None)
-
-
-class DeadlinePassed(Exception):
-    """Decoding was still running at the time ``deadline`` set."""
-
-
-@contextmanager
-def deadline(at: float) -> Iterator[None]:
-    """Within it, decoding still running at ``at`` (``time.monotonic()`` seconds) raises
-    ``DeadlinePassed`` at its next step: the work stops there and its memory is freed."""
-    token = _DEADLINE.set(at)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
-
-
-def check_deadline() -> None:
-    """Raise ``DeadlinePassed`` if a ``deadline`` is set and over."""
-    at = _DEADLINE.get()
-    if at is not None and time.monotonic() > at:
-        raise DeadlinePassed("decoding ran past its deadline")
 
 
 @dataclass
@@ -80,11 +52,6 @@ class Hypothesis:
     # What the search ranked by: score / gnmt_length_penalty(len(tokens) + EOS) under beam
     # search; greedy search and force_decode apply no penalty, so there it equals score.
     normalized_score: float | None = None
-
-
-def gnmt_length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT's ``((5 + length) / 6) ** alpha``; ``length`` counts output tokens incl. EOS."""
-    return ((5 + length) / 6) ** alpha
 
 
 def max_output_length(src_len: int, a: float, b: int, max_positions: int) -> int:
@@ -211,7 +178,7 @@ def beam_search(
         scores = torch.zeros(b, k, device=device)
         scores[:, 1:] = float("-inf")  # the K start beams are one and the same
         first_row = torch.arange(b, device=device)[:, None] * k  # (B, 1): beam 0 of each
-        finished = _Endings.empty(b, k, device)
+        finished = beam.Endings.empty(b, k, device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
         tokens, parents, step_weights = [], [], []  # per step (B*K,), (B*K,), (B*K, L, H, S)
         for n in range(1, max(max_lens) + 1):
@@ -223,13 +190,13 @@ def beam_search(
             if need_weights:
                 step_weights.append(_last_weights(weights))
             logp = _next_logprobs(logits, decode.ban_eos).view(b, k, -1)  # (B, K, V)
-            candidates = _expand(scores, logp, first_row, n)
-            finished = finished.merge(_finish_at_eos(candidates, k, done, alpha), k)
-            scores, parent, token = _prune(candidates, k)
+            candidates = beam.expand(scores, logp, first_row, n)
+            finished = finished.merge(beam.finish_at_eos(candidates, k, done, alpha), k)
+            scores, parent, token = beam.prune(candidates, k)
             at_limit = ~done & (limit == n)
-            ends = _finish_at_limit(scores, parent, token, at_limit, alpha=alpha, step=n)
+            ends = beam.finish_at_limit(scores, parent, token, at_limit, alpha=alpha, step=n)
             finished = finished.merge(ends, k)
-            done = _is_done(done | at_limit, finished, scores, alpha=alpha, step=n, k=k)
+            done = beam.is_done(done | at_limit, finished, scores, alpha=alpha, step=n, k=k)
             tokens.append(token.flatten())
             parents.append(parent.flatten())
             if done.all():
@@ -329,110 +296,8 @@ def _last_weights(weights: list[Tensor]) -> Tensor:
     return torch.stack([w[:, :, -1] for w in weights], 1)
 
 
-@dataclass
-class _Endings:
-    """Hypotheses that ended, per sentence; the last token came from row ``parent`` at
-    ``step``. The finished set and each step's new endings are both ``_Endings``.
-
-    Shapes: every field (B, M)
-    """
-
-    normalized: Tensor  # -inf = empty slot
-    score: Tensor
-    step: Tensor  # steps decoded = tokens, EOS included
-    parent: Tensor  # flat row (b * K + beam) before this step
-    token: Tensor  # the last token: EOS or the max_len-th output token
-
-    @classmethod
-    def empty(cls, b: int, k: int, device: torch.device) -> _Endings:
-        none = torch.full((b, k), float("-inf"), device=device)
-        zeros = torch.zeros(b, k, dtype=torch.long, device=device)
-        return cls(
-            normalized=none,
-            score=none.clone(),
-            step=zeros,
-            parent=zeros.clone(),
-            token=zeros.clone(),
-        )
-
-    def merge(self, other: _Endings, k: int) -> _Endings:
-        """The K best of both by normalized score, best first."""
-        normalized = torch.cat([self.normalized, other.normalized], 1)
-        best, index = normalized.topk(k, dim=1)  # (B, K)
-
-        def pick(a: Tensor, b: Tensor) -> Tensor:
-            return torch.cat([a, b], 1).gather(1, index)
-
-        return _Endings(
-            normalized=best,
-            score=pick(self.score, other.score),
-            step=pick(self.step, other.step),
-            parent=pick(self.parent, other.parent),
-            token=pick(self.token, other.token),
-        )
-
-
-@dataclass
-class _Candidates:
-    """The 2K best continuations of each sentence's beams, best first. Shapes: (B, 2K)."""
-
-    score: Tensor
-    parent: Tensor  # flat row (b * K + beam)
-    token: Tensor
-    step: int
-
-
-def _expand(scores: Tensor, logp: Tensor, first_row: Tensor, step: int) -> _Candidates:
-    """Every open beam times every token, cut to the 2K best per sentence.
-
-    Shapes: scores (B, K), logp (B, K, V), first_row (B, 1) -> (B, 2K)
-    """
-    k, v = logp.shape[1], logp.shape[2]
-    total = (scores[:, :, None] + logp).view(scores.shape[0], k * v)  # (B, K*V)
-    best, index = total.topk(min(2 * k, k * v), dim=1)  # (B, 2K)
-    return _Candidates(best, first_row + index // v, index % v, step)
-
-
-def _finish_at_eos(c: _Candidates, k: int, done: Tensor, alpha: float) -> _Endings:
-    """EOS continuations among the K best of sentences not yet done, normalized."""
-    rank = torch.arange(c.token.shape[1], device=c.token.device)
-    ends = (c.token == EOS_ID) & (rank < k) & ~done[:, None]  # (B, 2K)
-    normalized = (c.score / gnmt_length_penalty(c.step, alpha)).masked_fill(~ends, float("-inf"))
-    step = torch.full_like(c.token, c.step)
-    return _Endings(normalized=normalized, score=c.score, step=step, parent=c.parent, token=c.token)
-
-
-def _prune(c: _Candidates, k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """The K best continuations that did not end in EOS: scores, parent rows, tokens (B, K).
-
-    Each beam has one EOS continuation, so at least K of the 2K are open."""
-    open_scores = c.score.masked_fill(c.token == EOS_ID, float("-inf"))
-    scores, index = open_scores.topk(k, dim=1)  # (B, K), best first
-    return scores, c.parent.gather(1, index), c.token.gather(1, index)
-
-
-def _finish_at_limit(
-    scores: Tensor, parent: Tensor, token: Tensor, at_limit: Tensor, *, alpha: float, step: int
-) -> _Endings:
-    """The open beams of sentences that reached their max_len this step. Shapes: (B, K)."""
-    normalized = (scores / gnmt_length_penalty(step, alpha)).masked_fill(
-        ~at_limit[:, None], float("-inf")
-    )
-    steps = torch.full_like(token, step)
-    return _Endings(normalized=normalized, score=scores, step=steps, parent=parent, token=token)
-
-
-def _is_done(
-    done: Tensor, finished: _Endings, scores: Tensor, *, alpha: float, step: int, k: int
-) -> Tensor:
-    """Sentences with K finished hypotheses that the best open beam cannot beat. (B,)"""
-    full = torch.isfinite(finished.normalized).sum(1) >= k
-    best_open = scores[:, 0] / gnmt_length_penalty(step, alpha)
-    return done | (full & (best_open <= finished.normalized[:, -1]))
-
-
 def _collect(
-    finished: _Endings,
+    finished: beam.Endings,
     *,
     nbest: int,
     tokens: list[Tensor],

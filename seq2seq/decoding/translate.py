@@ -36,12 +36,12 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from seq2seq.config import Config, DecodeConfig
+from seq2seq.config import DEFAULT_DEVICE, Config, DecodeConfig
 from seq2seq.data.batching import batches_of, collate
+from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, translate_batch
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.checkpoint import load_run
 from seq2seq.run.precision import autocast, autocast_dtype
 from seq2seq.run.runtime import setup_runtime
 
@@ -147,7 +147,7 @@ class Translator:
         self.dtype = autocast_dtype(config.train.precision, device)
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, device: str = "auto") -> Translator:
+    def from_run(cls, run_dir: str | Path, device: str = DEFAULT_DEVICE) -> Translator:
         resolved = setup_runtime(device).device
         config, tokenizer, model = load_run(run_dir, resolved)
         return cls(config, tokenizer, model, resolved)

@@ -1,7 +1,7 @@
 """The attention explorer: one self-contained HTML page (no network) for decoded sentences.
 
 The page is ``templates/explorer.html`` with its stylesheet and script inlined, and the
-sentences' records (``attention_report.sentence_records``) as a JSON block. It has five
+sentences' records (``records.sentence_records``) as a JSON block. It has five
 views of one sentence: a step-through of decoding (with, per row, whether the most-attended
 source position is the most influential one), the heatmap (attention or, toggled,
 influence by occlusion, each with its own legend), a line view, a model view (a thumbnail
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2seq.drawing import plotting
+from seq2seq.drawing import map_stats, plotting
 from seq2seq.fileio import atomic_write_text
 
 _RECORD_KEYS = (
@@ -59,10 +59,10 @@ def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) ->
         for head, attn in heads:
             entry = {"w": np.round(attn, digits).tolist()}
             if src_tokens is not None:
-                stats = plotting.attention_stats(attn, src_tokens)
+                stats = map_stats.attention_stats(attn, src_tokens)
                 entry.update(
                     title=f"layer {layer + 1}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
-                    summary=plotting.stats_line(stats),
+                    summary=map_stats.stats_line(stats),
                     vmax=float(attn.max()),
                     entropy=np.round(stats["row_entropy"], 3).tolist(),
                     eos=np.round(stats["eos_mass"], 3).tolist(),

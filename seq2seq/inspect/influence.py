@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from seq2seq.decoding.search import check_deadline
+from seq2seq.decoding.deadline import check_deadline
 from seq2seq.model.attention import check_rows
 from seq2seq.model.transformer import Seq2Seq, padding_mask
 from seq2seq.vocab import BOS_ID

@@ -2,7 +2,7 @@
 
 ``load(run)`` returns a ``LoadedRun``: ``translate`` takes a string or a list (strings back,
 ``Translation`` objects with ``full=True``); ``inspect`` takes one sentence and returns an
-``Inspection`` holding its record (``report.sentence_records``: the translation, the attention
+``Inspection`` holding its record (``records.sentence_records``: the translation, the attention
 maps, the influence map, the stop reason), which a notebook shows as the explorer. Its
 ``heatmap`` is a matplotlib figure; ``intervene`` and ``mask`` decode again under an
 intervention and return an ``InterventionResult`` that shows the translation before and after.
@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translation, Translator
 from seq2seq.drawing.plotting import attention_figure
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
-from seq2seq.inspect import explorer, report
+from seq2seq.inspect import explorer, records, report
 
 FRAME_HEIGHT = 900  # px, until the page inside sets its own
 # Inside the frame: follow the page's height. window.frameElement is null, or access throws,
@@ -51,7 +52,7 @@ _FIT_FRAME = """<script>
 """
 
 
-def load(run: str | Path, device: str = "auto") -> LoadedRun:
+def load(run: str | Path, device: str = DEFAULT_DEVICE) -> LoadedRun:
     """A trained run (the directory ``seq2seq train`` wrote, or a weights file in it), ready
     to translate and inspect. ``device``: "auto" (CUDA, then MPS, then CPU), "cpu", "cuda"..."""
     return LoadedRun(Translator.from_run(run, device))
@@ -91,7 +92,7 @@ class LoadedRun:
         influence: bool = True,
     ) -> Inspection:
         """One sentence translated (greedy unless ``beam``) with everything the explorer
-        shows: see ``report.sentence_records`` for the options; every page intervention
+        shows: see ``records.sentence_records`` for the options; every page intervention
         (``report.page_interventions``) is decoded too."""
         message = _unshowable(self.translator, sentence)
         if message:
@@ -99,7 +100,7 @@ class LoadedRun:
         n_layers = self.translator.model.config.n_dec_layers
         specs = [spec.text for spec in report.page_interventions(n_layers)]
         options = {"max_len": max_len, "ban_eos": ban_eos, "words": words}
-        (record,) = report.sentence_records(
+        (record,) = records.sentence_records(
             self.translator, [sentence], beam=beam, influence=influence,
             interventions=specs, **options,
         )  # fmt: skip
@@ -120,17 +121,13 @@ def _draw_figures_inline() -> None:
 
 
 def _unshowable(translator: Translator, sentence: str) -> str | None:
-    """Why the explorer cannot show ``sentence``, or None."""
-    if not sentence.strip():
-        return "The sentence is empty: there is nothing to translate or to show."
-    if not translator.tokenizer.encode(sentence, "src"):
-        points = " ".join(f"U+{ord(c):04X}" for c in sentence[:8])
-        more = " \u2026" if len(sentence) > 8 else ""
-        return (
-            f"The sentence ({points}{more}) has no subwords: "
-            "the tokenizer drops every character of it, so the model would read EOS alone "
-            "and there is no source position to attend to or to hide."
-        )
+    """Why the explorer cannot show ``sentence`` (``records.check_sentences``, as a sentence),
+    or None."""
+    try:
+        records.check_sentences(translator, [sentence])
+    except Seq2SeqError as e:
+        said = str(e)
+        return f"{said[0].upper()}{said[1:]}."
     return None
 
 
@@ -197,7 +194,7 @@ class Inspection:
         """The attention as ``seq2seq attention`` draws it: a panel per layer (or ``layer``
         alone, from 1), averaged over heads, or one ``head`` (from 1), or ``"all"``."""
         r = self._shown()
-        layers, heads = report._selection(layer or "all", head, r["shape"][:2])
+        layers, heads = report.plot_selection(layer or "all", head, r["shape"][:2])
         _draw_figures_inline()
         return attention_figure(
             r["weights"], r["src_tokens"], r["tgt_tokens"], layers=layers, heads=heads,
@@ -209,7 +206,7 @@ class Inspection:
         uniform), "permuted:all", "kept:1" (the control), "mask:3" (source column 3 hidden
         from every layer); see ``interventions.parse_spec``."""
         self._shown()
-        (change,) = report.sentence_interventions(
+        (change,) = records.sentence_interventions(
             self.run.translator, self.source, [spec], **self._options
         )
         return InterventionResult(self.source, change)

@@ -1,12 +1,10 @@
 """``seq2seq serve``: the attention explorer as a local web page, for sentences typed in.
 
 The standard library's ``http.server``, bound to 127.0.0.1 unless told otherwise. The run
-is loaded once at start; each request translates the sentences of a form (one per line)
-with the same code as ``seq2seq attention`` and answers with the explorer page
-(``explorer.render_page``) with the form above it: beam, max_len and "ban EOS" change the
-decoding, so a user sees that only the length of the output changes; "influence" adds the
-occlusion map. The page's interventions panel posts one sentence and one intervention to
-``/intervene`` and gets JSON back (``attention_report.sentence_interventions``).
+is loaded once at start; each request's form goes to the explorer (``live_explorer.Explorer``),
+which decodes its sentences with the same code as ``seq2seq attention`` and answers with the
+explorer page, the form above it. The page's interventions panel posts one sentence and one
+intervention to ``/intervene`` and gets JSON back.
 
 Bad input (empty, too long, invalid UTF-8, a malformed number) gets the form back with a
 message on the page and status 400; an unexpected failure gets a generic message and
@@ -16,11 +14,9 @@ Any web page the user visits can send requests to a local server, so the server 
 what it spends: a request that asks to decode must come from its own page (Host names this
 server, Origin and Sec-Fetch-Site, where a browser sends them, say the same site); a
 request must arrive whole within ``REQUEST_TIMEOUT`` seconds; at most ``MAX_CONNECTIONS``
-are handled at once (more get 503); one request may ask for at most ``MAX_WEIGHTS``
-attention weights (``Explorer.work``); the model serves one request at a time, and a
-request not decoded within ``DEADLINE`` seconds, waiting for the model included, gets 503
-and frees the model at the next decoding step. Binding an address other than loopback
-takes ``public=True``.
+are handled at once (more get 503); what one request may ask for, and how long it may take,
+the explorer bounds (``live_explorer.MAX_WEIGHTS``, ``DEADLINE``). Binding an address other
+than loopback takes ``public=True``.
 """
 
 from __future__ import annotations
@@ -34,40 +30,21 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from email.message import Message
-from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import parse_qs, urlsplit
 
-from seq2seq.decoding.search import DeadlinePassed, deadline, max_output_length
+from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError, whole_number
 from seq2seq.inspect.explorer import render_page
-from seq2seq.inspect.report import sentence_interventions, sentence_records
-
-T = TypeVar("T")
+from seq2seq.inspect.live_explorer import DEADLINE, TITLE, Explorer
 
 MAX_BODY_BYTES = 64 * 1024  # a request larger than this is refused unread
-MAX_CHARS = 2000  # characters of text per request
-MAX_SENTENCES = 10  # lines per request
-# The work one request may ask for, in attention weights (``Explorer.work``): those it keeps (each
-# of the beam's hypotheses, every step's, every layer's and head's; the chosen one is
-# drawn on the page) and those of the passes it adds (influence: one occlusion pass per
-# source position; an intervention: two greedy decodings). Each decoding step reallocates
-# the self-attention cache one step longer, and glibc's malloc keeps much of what that
-# frees, so resident memory grows with beam x max_len^2 besides
-# (experiments/robustness/serve_load.py measures both).
-MAX_BEAM = 8
-MAX_LEN = 256
-MAX_WEIGHTS = 1 << 20
-DEADLINE = 60.0  # seconds a request may wait for the model and decode
 REQUEST_TIMEOUT = 10.0  # seconds for a request's line, headers and body to arrive
 MAX_CONNECTIONS = 64  # handled at once, one thread each
-TITLE = "Attention explorer"
 INTERVENE_PATH = "/intervene"  # the interventions panel posts here; JSON comes back
 INTERNAL_ERROR = "internal error: nothing was translated (the server's log has the details)"
 _HOST = re.compile(r"(\[[0-9a-fA-F:.]+\]|[^\[\]:/@\s]+)(:[0-9]{1,5})?")
@@ -75,174 +52,6 @@ _SAME_SITE = ("same-origin", "none")  # Sec-Fetch-Site of the page's own form, o
 _BUSY_TEXT = b"busy: too many connections at once; try again in a few seconds"
 _BUSY = b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
 _BUSY += b"Content-Length: %d\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
-
-
-def _number(form: dict, key: str, largest: int) -> int | None:
-    text = form.get(key, "").strip()
-    if not text:
-        return None
-    value = whole_number(text)
-    if value is None or not 1 <= value <= largest:
-        raise Seq2SeqError(f"{key} must be a whole number from 1 to {largest}, got '{text[:20]}'")
-    return value
-
-
-class Explorer:
-    """A loaded run, the one lock its model is used under, and how long a request may take
-    (``deadline`` seconds from its arrival, waiting for the lock included)."""
-
-    def __init__(self, translator: Translator, deadline: float = DEADLINE) -> None:
-        self.translator = translator
-        self.lock = threading.Lock()
-        self.deadline = deadline
-
-    def page(self, form: dict[str, str]) -> tuple[int, str]:
-        """Status and page for the submitted ``form`` (field name -> value)."""
-        first = "text" not in form  # the first visit: an empty form, influence ticked
-        shown = {
-            "text": form.get("text", ""),
-            "beam": form.get("beam", ""),
-            "max_len": form.get("max_len", ""),
-            "ban_eos": bool(form.get("ban_eos")),
-            "words": bool(form.get("words")),
-            "influence": first or bool(form.get("influence")),
-        }
-        if first:
-            return HTTPStatus.OK, render_page([], title=TITLE, form=shown)
-        try:
-            return HTTPStatus.OK, self._translate(form, shown)
-        except Seq2SeqError as e:
-            return HTTPStatus.BAD_REQUEST, render_page([], title=TITLE, form=shown, error=str(e))
-        except DeadlinePassed:
-            error = self._too_late("nothing was translated")
-            return HTTPStatus.SERVICE_UNAVAILABLE, render_page(
-                [], title=TITLE, form=shown, error=error
-            )
-
-    def intervention(self, form: dict[str, str]) -> tuple[int, dict]:
-        """Status and JSON for the interventions panel: one sentence (``text``), one
-        intervention (``spec``, as ``--intervene`` takes it), decoded as the page was
-        (max_len, ban_eos, words); ``{"intervention": record}`` or ``{"error": message}``."""
-        try:
-            return HTTPStatus.OK, {"intervention": self._intervene(form)}
-        except Seq2SeqError as e:
-            return HTTPStatus.BAD_REQUEST, {"error": str(e)}
-        except DeadlinePassed:
-            return HTTPStatus.SERVICE_UNAVAILABLE, {"error": self._too_late("nothing was decoded")}
-
-    def _translate(self, form: dict[str, str], shown: dict) -> str:
-        """The page of the form's sentences, decoded and rendered under the model's lock: a
-        request's records and page, the largest things it makes, exist one at a time."""
-        sentences = _sentences(form.get("text", ""))
-        max_len = _number(form, "max_len", self._longest())
-        beam = _number(form, "beam", MAX_BEAM)
-        influence = bool(form.get("influence"))
-        k = beam or self.translator.config.decode.beam
-        self._check_work(self.work(sentences, max_len, k, influence), influence)
-
-        def task() -> str:
-            records = sentence_records(
-                self.translator,
-                sentences,
-                beam=beam,
-                max_len=max_len,
-                ban_eos=bool(form.get("ban_eos")),
-                words=bool(form.get("words")),
-                influence=influence,
-            )
-            return render_page(records, title=TITLE, form=shown)
-
-        return self._in_time(task)
-
-    def _intervene(self, form: dict[str, str]) -> dict:
-        sentences = _sentences(form.get("text", ""))
-        if len(sentences) != 1:
-            raise Seq2SeqError(f"an intervention takes one sentence, got {len(sentences)}")
-        spec = form.get("spec", "").strip()
-        if not 0 < len(spec) <= 20:
-            raise Seq2SeqError(f"name one intervention, KIND[:LAYER] or mask:N, got '{spec[:20]}'")
-        max_len = _number(form, "max_len", self._longest())
-        self._check_work(self.work(sentences, max_len, 1, False, decodings=2), influence=False)
-        (record,) = self._in_time(
-            partial(
-                sentence_interventions,
-                self.translator,
-                sentences[0],
-                [spec],
-                max_len=max_len,
-                ban_eos=bool(form.get("ban_eos")),
-                words=bool(form.get("words")),
-            )
-        )
-        return record
-
-    def _longest(self) -> int:
-        return min(MAX_LEN, self.translator.model.config.max_positions - 1)
-
-    def _in_time(self, task: Callable[[], T]) -> T:
-        """``task()`` under the model's lock, within ``deadline`` seconds from now: waiting
-        for the lock past them, or decoding past them (checked at every decoding step),
-        raises ``DeadlinePassed``, and the lock is free again."""
-        end = time.monotonic() + self.deadline
-        if not self.lock.acquire(timeout=self.deadline):
-            raise DeadlinePassed("the model was busy until the deadline")
-        try:
-            with deadline(end):
-                return task()
-        finally:
-            self.lock.release()
-
-    def _too_late(self, what: str) -> str:
-        return (
-            f"busy: no answer within {self.deadline:g} seconds (waiting for the model and "
-            f"decoding), so {what}; try again, or ask for less: fewer or shorter sentences, "
-            "a smaller beam or max_len"
-        )
-
-    def work(
-        self,
-        sentences: list[str],
-        max_len: int | None,
-        beam: int,
-        influence: bool,
-        decodings: int = 0,
-    ) -> int:
-        """The attention weights a request may compute or keep, with each output as long as
-        its length limit allows: (output x source subwords) x layers x heads, per sentence
-        times the ``beam`` hypotheses kept, plus one occlusion pass per source subword
-        with ``influence``, plus ``decodings`` more (greedy) decodings."""
-        tok, config = self.translator.tokenizer, self.translator.model.config
-        decode = self.translator.config.decode
-        a, b = (0.0, max_len) if max_len is not None else (decode.max_len_a, decode.max_len_b)
-        weights = 0
-        for sentence in sentences:
-            src_len = min(len(tok.encode(sentence, "src")), self.translator.max_src_len) + 1
-            passes = beam + (src_len if influence else 0) + decodings
-            cells = max_output_length(src_len, a, b, config.max_positions) * src_len
-            weights += passes * cells * config.n_dec_layers * config.n_heads
-        return weights
-
-    @staticmethod
-    def _check_work(weights: int, influence: bool) -> None:
-        """Refuse, before decoding, a request whose ``work`` is over ``MAX_WEIGHTS``."""
-        if weights > MAX_WEIGHTS:
-            less = "fewer or shorter sentences, a smaller beam or max_len"
-            raise Seq2SeqError(
-                f"this asks for up to {weights:,} attention weights, at most {MAX_WEIGHTS:,} "
-                f"at a time: send {less}{', or untick influence' if influence else ''}"
-            )
-
-
-def _sentences(text: str) -> list[str]:
-    """The non-blank lines of a request's text, within the limits."""
-    if len(text) > MAX_CHARS:
-        raise Seq2SeqError(f"the text has {len(text)} characters; at most {MAX_CHARS} please")
-    sentences = [line for line in text.splitlines() if line.strip()]
-    if not sentences:
-        raise Seq2SeqError("the text is empty: type a sentence to translate")
-    if len(sentences) > MAX_SENTENCES:
-        raise Seq2SeqError(f"{len(sentences)} sentences; at most {MAX_SENTENCES} at a time")
-    return sentences
 
 
 def _form(data: bytes) -> dict[str, str]:
@@ -466,7 +275,7 @@ def serve(
     run_dir: str | Path,
     host: str = "127.0.0.1",
     port: int = 8000,
-    device: str = "auto",
+    device: str = DEFAULT_DEVICE,
     *,
     public: bool = False,
     deadline: float = DEADLINE,

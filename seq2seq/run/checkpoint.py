@@ -28,10 +28,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from seq2seq.config import Config, budget_rule, config_from_dict, config_to_dict
+from seq2seq.config import Config, config_from_dict, config_to_dict
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_path, atomic_write_text
-from seq2seq.model.attention import packed_state
 
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"
@@ -61,22 +60,6 @@ SCORES_GLOB = "hyps.*"  # `seq2seq evaluate`'s hypotheses and scores
 WEIGHTS_GLOB = "*.safetensors"
 RUN_DIRS = ("attention", "tensorboard", "data", "subword", KEPT_DIR)  # data: the tokenized
 # corpus; subword: its sampled segmentations (seq2seq.data.subword)
-# What a resumed run may take from its command line (budgets, stopping, logging, hardware);
-# the recipe (model, data, seed, optimizer, schedule, loss) comes from its config.yaml.
-RESUME_BUDGETS = (
-    "max_epochs",
-    "max_time",
-    "max_steps",
-    "patience",
-    "max_bad_steps",
-    "validate_every",
-    "valid_bleu_sentences",
-    "log_every",
-    "attention_sentences",
-    "threads",
-    "device",
-)
-
 
 # ---------------------------------------------------------------------------------------
 # The run directory: refuse to clobber, lock against a second trainer.
@@ -167,24 +150,6 @@ def clear_scores(run_dir: Path) -> list[str]:
     return [path.name for path in removed]
 
 
-def resume_config(run_dir: Path, given: dict[str, Any]) -> tuple[Config, list[str]]:
-    """The saved config of the run in ``run_dir`` with the budgets the user gave on top.
-
-    ``given`` holds only the values the command line set (nested by section, as in YAML).
-    Returns the config and the ``section.key`` names of the recipe values given, which a
-    resumed run ignores.
-    """
-    saved = config_to_dict(load_config_file(run_dir))
-    ignored = []
-    for section, values in budget_rule(given).items():
-        for key, value in (values or {}).items() if isinstance(values, dict) else ():
-            if section == "train" and key in RESUME_BUDGETS:
-                saved["train"][key] = value
-            elif saved.get(section, {}).get(key, object()) != value:
-                ignored.append(f"{section}.{key}")
-    return config_from_dict(saved), ignored
-
-
 # ---------------------------------------------------------------------------------------
 # Tensors in safetensors files.
 
@@ -227,6 +192,26 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     if not isinstance(metadata, dict):
         raise Seq2SeqError(f"{path}: its seq2seq metadata is not a JSON object")
     return tensors, metadata
+
+
+def packed_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` (a model's state) with weights saved before Q, K and V were packed
+    (``q_proj``, ``k_proj``, ``v_proj``, and for MLA ``kv_down``) stacked into ``in_proj``
+    and ``kv_up``: the same numbers under the names ``MultiHeadAttention`` has now. Other
+    names pass through."""
+    out = dict(tensors)
+    for name in [n for n in tensors if n.split(".")[-2:] == ["q_proj", "weight"]]:
+        prefix = name.removesuffix("q_proj.weight")
+        mla = f"{prefix}kv_down.weight" in tensors
+        rows = ("q_proj", "kv_down") if mla else ("q_proj", "k_proj", "v_proj")
+        for kind in ("weight", "bias"):
+            out[f"{prefix}in_proj.{kind}"] = torch.cat(
+                [out.pop(f"{prefix}{r}.{kind}") for r in rows]
+            )
+            if mla:
+                up = [out.pop(f"{prefix}{r}.{kind}") for r in ("k_proj", "v_proj")]
+                out[f"{prefix}kv_up.{kind}"] = torch.cat(up)
+    return out
 
 
 def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path) -> None:
@@ -481,37 +466,3 @@ def split_run_path(path: str | Path) -> tuple[Path, Path | None]:
         run_dir = next((p for p in path.parents if (p / CONFIG_FILE).is_file()), path.parent)
         return run_dir, path
     return path, None
-
-
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu", weights: str = BEST_FILE):
-    """Rebuild a trained model from its run directory alone: config, tokenizer, best weights.
-
-    ``run_dir`` may also name a weights file inside a run directory (``RUN/averaged.safetensors``,
-    ``RUN/checkpoints/step_N.safetensors``): the run is the directory that holds its config.
-    Returns ``(config, tokenizer, model)`` with the model in eval mode. Every problem with
-    the directory (missing, not a run, corrupt or tampered files) is one ``Seq2SeqError``.
-    """
-    from seq2seq.data.tokenizer import Tokenizer
-    from seq2seq.model.transformer import build_model
-
-    run_dir, named = split_run_path(run_dir)
-    weights_path = named or run_dir / weights
-    if not run_dir.is_dir():
-        raise Seq2SeqError(f"{run_dir}: no such run directory")
-    config = load_config_file(run_dir)
-    tokenizer = Tokenizer.load(run_dir)
-    if (tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) != (
-        config.model.src_vocab_size,
-        config.model.tgt_vocab_size,
-    ):
-        raise Seq2SeqError(f"{run_dir}: the tokenizer's vocabulary does not match the model config")
-    try:
-        model = build_model(config.model)
-    except (ValueError, RuntimeError) as e:
-        raise Seq2SeqError(f"{run_dir / CONFIG_FILE}: cannot build the model ({e})") from None
-    if not weights_path.is_file():
-        raise Seq2SeqError(
-            f"{run_dir}: {weights_path.name} missing (has training reached its first validation?)"
-        )
-    load_model(model, weights_path)
-    return config, tokenizer, model.to(device).eval()

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from seq2seq.config import setting_of
+from seq2seq.config_checks import setting_of
 from seq2seq.errors import Seq2SeqError
 
 COMPILE_WINS: frozenset[str] = frozenset()  # device types where compiling measured faster

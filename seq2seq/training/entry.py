@@ -20,6 +20,7 @@ from seq2seq.config import config_from_dict, given_values
 from seq2seq.run import checkpoint
 from seq2seq.run.runlog import say
 from seq2seq.training import trainer
+from seq2seq.training.resume import resume_config
 
 
 def train_run(
@@ -43,7 +44,7 @@ def train_run(
     given = given_values(config, list(overrides))
     cfg = config_from_dict(given)  # checks every value given, on resume too
     if resume and (out / checkpoint.CONFIG_FILE).is_file():
-        cfg, ignored = checkpoint.resume_config(out, given)
+        cfg, ignored = resume_config(out, given)
         if ignored:
             say(f"note: --resume keeps the run's recipe; ignored: {', '.join(ignored)}")
     return trainer.train(

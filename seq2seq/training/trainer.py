@@ -64,6 +64,7 @@ from seq2seq.training.compiling import (
 from seq2seq.training.curves import update_run_curves
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
+from seq2seq.training.resume import budgets_of, resume_config
 from seq2seq.training.validation import save_attention_maps, validation_bleu, validation_loss
 
 
@@ -135,7 +136,7 @@ def train(
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
 
     With ``resume``, the recipe comes from the run's saved config and only the budgets
-    (``checkpoint.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
+    (``resume.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
     to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
     scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
     """
@@ -155,10 +156,7 @@ def train(
         if unstarted and not overwrite:
             say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
         if resume:
-            saved = checkpoint.load_config_file(run_dir)
-            for name in checkpoint.RESUME_BUDGETS:  # budgets may change; the recipe may not
-                setattr(saved.train, name, getattr(config.train, name))
-            config = saved
+            config, _ = resume_config(run_dir, budgets_of(config))  # the recipe may not change
             finished = nothing_to_train(run_dir, config.train)
             if finished:  # said before anything is written: the run stays as it was
                 if runtime.main:

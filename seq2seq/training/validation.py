@@ -11,13 +11,13 @@ from torch import nn
 
 from seq2seq.config import Config, DecodeConfig
 from seq2seq.data.batching import batches_of, collate
+from seq2seq.data.prepare import Prepared
 from seq2seq.decoding.evaluate import bleu_tokenize
 from seq2seq.decoding.translate import translate_ids
 from seq2seq.model.transformer import Seq2Seq
 from seq2seq.run.precision import autocast
 from seq2seq.run.runtime import Runtime, gather, total
 from seq2seq.training.optim import sequence_loss
-from seq2seq.training.prepare import Prepared
 from seq2seq.vocab import EOS_ID
 
 

@@ -1,0 +1,143 @@
+"""The bounds a config's values keep (``config.validate`` applies them when a config is made):
+shapes that build within this toolkit's limits, rates and budgets, how the data fits the
+model's positions. Each check is a pair: whether the value passes, and the message naming its
+key. The sections come in as ``seq2seq.config``'s dataclasses, which import this module, so
+it imports none of them (``Any`` below): the foundation has no cycle.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SETTINGS = ("auto", "true", "false")  # of train.compile
+
+
+def setting_of(value: object) -> str:
+    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).lower()
+
+
+# Far above anything this toolkit trains, low enough that a tampered config.yaml cannot make
+# load_run build layers until memory runs out.
+_MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 65536
+
+
+Check = tuple[bool, str]  # a value passes, or the message naming its key
+
+
+def model_checks(m: Any) -> list[Check]:
+    """Shapes that build, within this toolkit's limits; ``m`` a ``ModelConfig``."""
+    return [
+        (
+            m.d_model >= 1 and m.n_heads >= 1 and m.d_model % m.n_heads == 0,
+            "model.d_model must be a positive multiple of model.n_heads",
+        ),
+        (
+            m.n_kv_heads is None
+            or (1 <= m.n_kv_heads <= m.n_heads and m.n_heads % m.n_kv_heads == 0),
+            "model.n_kv_heads must divide model.n_heads (1 = MQA, n_heads = MHA)",
+        ),
+        (m.d_latent is None or m.d_latent >= 1, "model.d_latent must be positive"),
+        (m.src_vocab_size >= 8 and m.tgt_vocab_size >= 8, "model vocabulary sizes must be >= 8"),
+        (
+            m.d_ff >= 1 and m.n_enc_layers >= 1 and m.n_dec_layers >= 1,
+            "model sizes must be positive",
+        ),
+        *[
+            (value <= limit, f"model.{name} = {value} is beyond this toolkit's limit of {limit}")
+            for name, value, limit in (
+                ("n_enc_layers", m.n_enc_layers, _MAX_LAYERS),
+                ("n_dec_layers", m.n_dec_layers, _MAX_LAYERS),
+                ("d_model", m.d_model, _MAX_WIDTH),
+                ("d_ff", m.d_ff, 4 * _MAX_WIDTH),
+                ("d_latent", m.d_latent or 0, _MAX_WIDTH),
+                ("src_vocab_size", m.src_vocab_size, _MAX_VOCAB),
+                ("tgt_vocab_size", m.tgt_vocab_size, _MAX_VOCAB),
+                ("max_positions", m.max_positions, _MAX_POSITIONS),
+            )
+        ],
+        (
+            all(0.0 <= p < 1.0 for p in (m.dropout, m.attn_dropout, m.activation_dropout)),
+            "model dropouts must be in [0, 1)",
+        ),
+        (m.max_positions >= 2, "model.max_positions must be >= 2"),
+    ]
+
+
+def train_checks(t: Any) -> list[Check]:
+    """Rates, budgets, and how and where the trainer runs; ``t`` a ``TrainConfig``."""
+    return [
+        (
+            t.early_dropout is None or 0.0 <= t.early_dropout < 1.0,
+            "train.early_dropout must be in [0, 1) or null (model.dropout throughout)",
+        ),
+        (
+            0 <= t.dropout_epochs[0] <= t.dropout_epochs[1],
+            "train.dropout_epochs must be two epochs, 0 <= from <= to",
+        ),
+        (
+            0 < t.lr <= 10 and t.warmup_steps >= 0,
+            "train.lr must be in (0, 10] and train.warmup_steps >= 0",
+        ),
+        (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (0.0 <= t.cooldown <= 1.0, "train.cooldown must be in [0, 1]"),
+        (
+            t.accum_steps >= 1 and t.max_epochs >= 1,
+            "train.accum_steps and train.max_epochs must be >= 1",
+        ),
+        (
+            t.precision in ("auto", "bf16", "tf32", "fp32"),
+            "train.precision must be 'auto', 'bf16', 'tf32' or 'fp32'",
+        ),
+        (
+            t.attention_kernels in ("auto", "all"),
+            "train.attention_kernels must be 'auto' or 'all'",
+        ),
+        (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
+        (
+            re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
+            "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
+        ),
+        (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),
+        (
+            t.keep_last >= 0 and 0 <= t.average_last <= t.keep_last,
+            "train.average_last must be between 0 and train.keep_last",
+        ),
+        (t.log_every >= 1, "train.log_every must be >= 1"),
+        (t.patience >= 1, "train.patience must be >= 1"),
+        (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
+        (t.threads is None or t.threads >= 1, "train.threads must be >= 1"),
+        (t.prefetch >= 0, "train.prefetch must be >= 0 (0 = no prefetching)"),
+        (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
+        (
+            t.clip_norm >= 0 and t.max_bad_steps >= 0,
+            "train.clip_norm and train.max_bad_steps must be >= 0",
+        ),
+    ]
+
+
+def data_checks(d: Any, m: Any) -> list[Check]:
+    """The data section ``d`` (a ``DataConfig``), and how it must fit the positions of the
+    model section ``m``."""
+    return [
+        (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
+        (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
+        (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
+        (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (0.0 <= d.subword_alpha < 1.0, "data.subword_alpha must be in [0, 1) (0 = off)"),
+        (
+            0 <= d.subword_epochs[0] <= d.subword_epochs[1],
+            "data.subword_epochs must be two epochs, 0 <= from <= to",
+        ),
+        (
+            not d.subword_alpha or d.spm_model_type == "bpe",
+            "data.subword_alpha (BPE-dropout) needs data.spm_model_type 'bpe'",
+        ),
+        (
+            d.columns is None or re.fullmatch(r"([^,]+),(?!\1$)[^,]+", d.columns) is not None,
+            "data.columns must name two different columns, source first, e.g. '1,2' or 'en,fr'",
+        ),
+    ]
