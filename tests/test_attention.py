@@ -307,7 +307,7 @@ def test_self_attention_in_one_projection_equals_q_k_v_projected_apart(g):
 
 
 def test_weights_saved_before_packing_load_into_the_packed_projection():
-    from seq2seq.run.checkpoint import packed_state
+    from seq2seq.run.old_weights import packed_state
 
     new = make(2, seed=3)
     w, b, dkv = new.in_proj.weight, new.in_proj.bias, new.d_kv

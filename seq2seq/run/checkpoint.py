@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from seq2seq.config import Config, config_from_dict, config_to_dict
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_path, atomic_write_text
+from seq2seq.run.old_weights import packed_state
 
 CONFIG_FILE = "config.yaml"
 BEST_FILE = "model.safetensors"
@@ -192,26 +193,6 @@ def read_tensors(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     if not isinstance(metadata, dict):
         raise Seq2SeqError(f"{path}: its seq2seq metadata is not a JSON object")
     return tensors, metadata
-
-
-def packed_state(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``tensors`` (a model's state) with weights saved before Q, K and V were packed
-    (``q_proj``, ``k_proj``, ``v_proj``, and for MLA ``kv_down``) stacked into ``in_proj``
-    and ``kv_up``: the same numbers under the names ``MultiHeadAttention`` has now. Other
-    names pass through."""
-    out = dict(tensors)
-    for name in [n for n in tensors if n.split(".")[-2:] == ["q_proj", "weight"]]:
-        prefix = name.removesuffix("q_proj.weight")
-        mla = f"{prefix}kv_down.weight" in tensors
-        rows = ("q_proj", "kv_down") if mla else ("q_proj", "k_proj", "v_proj")
-        for kind in ("weight", "bias"):
-            out[f"{prefix}in_proj.{kind}"] = torch.cat(
-                [out.pop(f"{prefix}{r}.{kind}") for r in rows]
-            )
-            if mla:
-                up = [out.pop(f"{prefix}{r}.{kind}") for r in ("k_proj", "v_proj")]
-                out[f"{prefix}kv_up.{kind}"] = torch.cat(up)
-    return out
 
 
 def load_weights_into(model: nn.Module, tensors: dict[str, Tensor], source: Path) -> None:
