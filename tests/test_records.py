@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -558,13 +559,17 @@ def test_a_comparison_calls_a_lead_only_beyond_twice_its_standard_error(tmp_path
 
 def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_path):
     from experiments.records import RESULTS
-    from experiments.records.compare import load_numerics, trainer_of_run
+    from experiments.records.compare import load_numerics, record_trainer, trainer_of_run
 
     numerics = load_numerics(RESULTS)
     names = {e["trainer"] for e in numerics}
     for folder in sorted(RESULTS.glob("*/record.json")):
         record = json.loads(folder.read_text())
         assert record.get("trainer") in names | {"unknown"}, folder.parent.name
+        # as numerics.yaml decides today (its commits and precision), where git knows them
+        now = record_trainer(folder.parent, numerics)
+        if "unknown" not in now:
+            assert record["trainer"] == now, f"{folder.parent.name}: relabel it {now!r}"
     # the segments' commits decide, where git knows them: before and after the mask change
     first, masks = numerics[0]["trainer"], numerics[1]
     env = {"segments": [{"git_commit": masks["since"]}]}
@@ -572,3 +577,29 @@ def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_p
     env["segments"].insert(0, {"git_commit": None})
     assert trainer_of_run(env, numerics) == f"unknown + {masks['trainer']}"
     assert first == "F.dropout masks"
+
+
+def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
+    """15bbc8d moved bf16's dropout scale and left fp32's numbers as they were: a bf16 run
+    from it on is another trainer, an fp32 run is the trainer before it, and so is a bf16 run
+    from its parent."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    [scale] = [e for e in numerics if e.get("precision") == "bf16 autocast"]
+    before = next(e for e in numerics if e["trainer"] == "16-bit dropout masks")["trainer"]
+
+    def trainer(commit: str, precision: str) -> str:
+        return trainer_of_run(
+            {"segments": [{"git_commit": commit, "precision": precision}]}, numerics
+        )
+
+    parent = subprocess.run(
+        ["git", "rev-parse", f"{scale['since']}~1"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    if not parent:
+        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
+    assert trainer(scale["since"], "fp32") == before
+    assert trainer(parent, "bf16 autocast") == before

@@ -25,23 +25,35 @@ NUMERICS = "numerics.yaml"  # in the results folder
 
 def load_numerics(results: Path) -> list[dict[str, Any]]:
     """``numerics.yaml``: trainer versions, oldest first, each ``since`` a commit (the first
-    ``null``)."""
+    ``null``), and, for a change that moves one precision's numbers only, that ``precision``
+    (as ``environment.json`` names it: "bf16 autocast", "fp32")."""
     path = results / NUMERICS
     entries = read_yaml(path) if path.is_file() else []
     if not isinstance(entries, list) or any(
-        "trainer" not in e or "since" not in e for e in entries
+        "trainer" not in e or "since" not in e or set(e) - {"since", "trainer", "precision"}
+        for e in entries
     ):
-        raise RecordError(f"{path}: a list of {{since: COMMIT, trainer: NAME}} entries")
+        raise RecordError(
+            f"{path}: a list of {{since: COMMIT, trainer: NAME, precision: (optional)}} entries"
+        )
     return entries
 
 
-def trainer_at(commit: str | None, numerics: list[dict[str, Any]], repo: Path = REPO) -> str:
-    """The trainer numerics of a run trained at ``commit``: the last entry it descends from
-    (git decides); "unknown" without a commit or a git checkout that has it."""
+def trainer_at(
+    commit: str | None,
+    numerics: list[dict[str, Any]],
+    precision: str | None = None,
+    repo: Path = REPO,
+) -> str:
+    """The trainer numerics of a run trained at ``commit`` in ``precision``: the last entry it
+    descends from (git decides) among those of every precision or of its own; "unknown"
+    without a commit or a git checkout that has it."""
     if not commit or not numerics:
         return "unknown"
     found = "unknown"
     for entry in numerics:
+        if entry.get("precision", precision) != precision:
+            continue
         if entry["since"] is None:
             found = entry["trainer"]
             continue
@@ -58,9 +70,11 @@ def trainer_at(commit: str | None, numerics: list[dict[str, Any]], repo: Path = 
 
 
 def trainer_of_run(environment: dict[str, Any], numerics: list[dict[str, Any]]) -> str:
-    """The trainer of each training segment of a run's ``environment.json``, once each."""
-    commits = [s.get("git_commit") for s in environment.get("segments", [])]
-    return " + ".join(dict.fromkeys(trainer_at(c, numerics) for c in commits)) or "unknown"
+    """The trainer of each training segment of a run's ``environment.json`` (its commit and
+    precision), once each."""
+    segments = environment.get("segments", [])
+    trainers = (trainer_at(s.get("git_commit"), numerics, s.get("precision")) for s in segments)
+    return " + ".join(dict.fromkeys(trainers)) or "unknown"
 
 
 def record_trainer(folder: Path, numerics: list[dict[str, Any]]) -> str:
