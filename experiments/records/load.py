@@ -51,8 +51,9 @@ class Training:
     valid_bleu: float  # of the scored weights
     valid_loss: float  # at the last validation
     by_epoch: dict[str, float]  # validation BLEU: "1", "2", … (first after each epoch), "end"
-    machine: str = ""  # "AMD EPYC, bf16 autocast, 2 threads": what trained it, each segment
+    machine: str = ""  # "AMD EPYC (avx512_bf16), bf16 autocast, 2 threads": each segment's
     trainer: str = "unknown"  # the trainer's numerics (numerics.yaml), as collect recorded it
+    sha256: str | None = None  # of the scored weights (records before collect hashed: None)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def load_training(folder: Path) -> Training:
         by_epoch=by_epoch,
         machine=_machine(folder),
         trainer=r.get("trainer", "unknown"),
+        sha256=r.get("sha256"),
     )
 
 
@@ -156,10 +158,19 @@ def _machine(folder: Path) -> str:
 
 
 def _segment_machine(segment: dict[str, Any]) -> str:
-    """``"AMD EPYC, bf16 autocast, 2 threads"``: one segment of ``environment.json``."""
+    """``"AMD EPYC (avx512_bf16), bf16 autocast, 2 threads"``: one segment of
+    ``environment.json``. A CPU's bf16 flags are part of it: one model name covers hosts
+    with AMX, with AVX512-BF16 and with neither, and their bf16 kernels differ."""
     device, threads = segment.get("device"), segment.get("threads")
-    where = segment.get("cpu") if device == "cpu" else device
+    where = f"{segment.get('cpu')} ({_bf16_flags(segment)})" if device == "cpu" else device
     return f"{where}, {segment.get('precision')}, {threads} thread{'' if threads == 1 else 's'}"
+
+
+def _bf16_flags(segment: dict[str, Any]) -> str:
+    flags = segment.get("cpu_bf16_flags")
+    if flags is None:
+        return "bf16 flags not recorded"
+    return ", ".join(flags) or "no bf16 flags"
 
 
 def metrics_rows(folder: Path) -> list[dict[str, Any]]:
