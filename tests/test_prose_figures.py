@@ -49,10 +49,6 @@ def record(path: str) -> dict:
     return json.loads((REPO / path).read_text(encoding="utf-8"))
 
 
-def gb(mb: float) -> str:
-    return f"{mb / 1000:.1f}"
-
-
 # Each source: the record (or None: the code's settings) and the figures it says the page prints.
 Source = tuple[str | None, Callable[[], list[str]]]
 
@@ -66,22 +62,6 @@ def suite_time() -> list[str]:
     seconds = round(float(re.search(r" in ([\d.]+)s \(", summary).group(1)))
     commit = re.search(r"fresh clone of commit (\w+)", text).group(1)
     return [f"{seconds // 60} min", f"{seconds % 60} s", commit]
-
-
-def notebook_latency() -> list[str]:
-    r = record("experiments/notebook/latency.json")
-    cold, warm = r["each_cold_s"], r["each_warm_s"]
-    return [
-        f"{r['cold_s']:.1f} s",
-        f"{min(cold):.1f}",
-        f"{max(cold):.1f} s",
-        f"{r['load_s']:.1f} s",
-        f"{r['warm_s']:.1f} s",
-        f"{min(warm):.1f}",
-        f"{max(warm):.1f} s",
-        f"{r['html_bytes'] / 1000:.0f} kB",
-        f"{r['threads']} threads",
-    ]
 
 
 def influence_cost() -> list[str]:
@@ -111,38 +91,6 @@ def page_size_tour() -> list[str]:
     ]
 
 
-def memory_plateau() -> list[str]:
-    r = record("experiments/scale/plateau.json")
-    peaks = [size["peak_rss_mb_by_step"][-1][1] for size in r["sizes"].values()]
-    return [f"~{gb(max(peaks))} GB", f"after {r['steps']} steps"]
-
-
-def allocators() -> list[str]:
-    glibc = record("experiments/scale/allocator_glibc_thresholds.json")
-    jemalloc = record("experiments/scale/allocator_jemalloc.json")
-    peaks = glibc["peak_rss_mb_each_round"]
-    return [
-        f"{glibc['ratio_after_before']:.2f}×",
-        f"{gb(min(peaks['after']))}–{gb(max(peaks['after']))} GB",
-        f"had {gb(max(peaks['before']))} GB",
-        f"{jemalloc['ratio_after_before']:.2f}×",
-        f"{gb(max(jemalloc['peak_rss_mb_each_round']['after']))} GB",
-    ]
-
-
-def subword_cost() -> list[str]:
-    from seq2seq.data.subword import _CHUNK
-
-    r = record("experiments/scale/bench_subword.json")
-    return [
-        f"{r['pairs']:,} pairs",
-        f"{r['sample_epoch_s']:.1f} s",
-        f"{r['ratio_sampling_over_alone']:.2f}×",
-        f"median of {r['rounds']}",
-        f"{_CHUNK:,} pairs at a time",
-    ]
-
-
 def cooldown() -> list[str]:
     return [f"{Config().train.cooldown:.0%}"]
 
@@ -169,25 +117,17 @@ SOURCES: dict[str, list[Source]] = {
         ("experiments/influence/page_size_tour.json", page_size_tour),
         (None, tie_threshold),
     ],
-    "docs/python_api.md": [("experiments/notebook/latency.json", notebook_latency)],
     "docs/tour.md": [
         (None, tie_threshold),
         (None, decode_defaults),
         (None, lambda: [f"{math.log2(14):.1f} bits"]),  # a row spread evenly over 14 keys
     ],
-    "docs/training.md": [
-        ("experiments/scale/plateau.json", memory_plateau),
-        ("experiments/scale/allocator_glibc_thresholds.json", allocators),
-        ("experiments/scale/bench_subword.json", subword_cost),
-        (None, cooldown),
-        (None, dropout_schedule),
-    ],
+    "docs/training.md": [(None, cooldown), (None, dropout_schedule)],
     "docs/export.md": [(None, lambda: ["95%"])],  # tests/test_export.py's agreement threshold
 }
 NOT_MEASURED: dict[str, dict[str, str]] = {
     "docs/tour.md": {"6 ×": "the shape of the example's map (6 queries × 10 keys)"},
     "docs/training.md": {
-        "32 MB": "glibc's largest mmap threshold on 64-bit systems (its documentation)",
         "8.0": "the CUDA compute capability from which GPUs compute bf16 natively",
     },
 }

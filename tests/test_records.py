@@ -698,3 +698,50 @@ def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
     assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
     assert trainer(scale["since"], "fp32") == before
     assert trainer(parent, "bf16 autocast") == before
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lowercased, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PROSE)
+def test_a_link_into_results_md_names_one_of_its_headings(page):
+    """User pages link the evidence in docs/results.md by heading: a renamed question or
+    section would leave the link at the top of the page."""
+    results = (REPO / "docs/results.md").read_text(encoding="utf-8")
+    anchors = {_slug(m) for m in re.findall(r"^#+ (.+)$", results, flags=re.M)}
+    text = (REPO / page).read_text(encoding="utf-8")
+    for anchor in re.findall(r"results\.md#([\w\-]+)", text):
+        assert anchor in anchors, f"{page}: results.md#{anchor} is no heading of results.md"
+
+
+def test_a_question_says_what_it_asks_above_its_table(tmp_path):
+    write_record(tmp_path, "base-s1", 1, 40.0)
+    write_record(tmp_path, "cand-s1", 1, 39.0, recipe="cand", lr=0.003)
+    comparison = {
+        "question": "Does cand help?",
+        "case": "de→en",
+        "baseline": {"label": "default", "records": ["base-s1"]},
+        "candidate": {"label": "cand", "records": ["cand-s1"]},
+    }
+    goals = {"comparisons": [comparison], "about": {"Does cand help?": "Why it might."}}
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    assert "### Does cand help?\n\nWhy it might.\n\n| case |" in results_page(
+        load_records(tmp_path)
+    )
+    goals["about"] = {"Does cnad help?": "Why it might."}
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    with pytest.raises(RecordError, match="about maps a comparison's question"):
+        load_records(tmp_path)
+
+
+def test_the_measurements_behind_the_user_pages_name_their_records():
+    """Each measurement a user page links is rendered from its committed record, named
+    beside it, with the command that wrote it."""
+    from experiments.records.notes import NOTES, notes_section
+
+    section = notes_section()
+    for title, paths, _ in NOTES:
+        part = section.split(f"### {title}\n")[1].split("\n### ")[0]
+        assert all(f"`{path}`" in part for path in paths) and "Command" in part, title

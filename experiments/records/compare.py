@@ -125,9 +125,13 @@ COLUMNS = (
 )
 
 
-def comparisons_section(specs: list[dict[str, Any]], trainings: list[Training]) -> str:
+def comparisons_section(
+    specs: list[dict[str, Any]], trainings: list[Training], about: dict[str, str] | None = None
+) -> str:
     """The rendered comparisons: a table per question, in the order ``goals.yaml`` first
-    asks each, a block of two rows (baseline, candidate) per comparison."""
+    asks each (under its ``about`` paragraph, where it has one), a block of two rows
+    (baseline, candidate) per comparison."""
+    about = about or {}
     if not specs:
         return "No comparisons listed yet (`comparisons:` in goals.yaml)."
     by_name = {t.name: t for t in trainings}
@@ -139,7 +143,8 @@ def comparisons_section(specs: list[dict[str, Any]], trainings: list[Training]) 
         _check_can_differ(base, cand, i)
         tables.setdefault(spec["question"], []).extend(_rows(spec["case"], base, cand))
     parts = [
-        f"### {question}\n\n{COLUMNS}\n" + "\n".join(rows) for question, rows in tables.items()
+        "\n\n".join(filter(None, [f"### {q}", about.get(q), COLUMNS + "\n" + "\n".join(rows)]))
+        for q, rows in tables.items()
     ]
     return "\n\n".join([*parts, _baseline_spread(specs, by_name, trainings)])
 

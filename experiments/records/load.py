@@ -203,12 +203,13 @@ def recipe_config(folder: Path) -> dict[str, Any]:
 
 
 def load_goals(results: Path) -> dict[str, Any]:
-    """``goals.yaml``: ``min_seeds``, a list of goals (direction, recipe, metric, at_least)
-    and ``headline``, the recipes the README's table shows (None: every recipe); no goals
-    when the file is absent."""
+    """``goals.yaml``: ``min_seeds``, a list of goals (direction, recipe, metric, at_least),
+    ``headline``, the recipes the README's table shows (None: every recipe), the
+    ``comparisons`` and ``about``, a paragraph on a comparison's question (what it asks and
+    why); no goals when the file is absent."""
     path = results / GOALS
     if not path.is_file():
-        return {"min_seeds": 1, "goals": [], "headline": None, "comparisons": []}
+        return {"min_seeds": 1, "goals": [], "headline": None, "comparisons": [], "about": {}}
     goals = read_yaml(path) or {}
     for i, goal in enumerate(goals.get("goals", []), 1):
         for field in ("direction", "recipe", "metric", "at_least"):
@@ -222,9 +223,14 @@ def load_goals(results: Path) -> dict[str, Any]:
     comparisons = goals.get("comparisons", [])
     if not isinstance(comparisons, list):
         raise RecordError(f"{path}: comparisons must be a list")
+    about = goals.get("about", {})
+    asked = {c.get("question") for c in comparisons}
+    if not isinstance(about, dict) or set(about) - asked:
+        raise RecordError(f"{path}: about maps a comparison's question to a paragraph on it")
     return {
         "min_seeds": goals.get("min_seeds", 1),
         "goals": goals.get("goals", []),
         "headline": headline,
         "comparisons": comparisons,
+        "about": about,
     }

@@ -19,6 +19,7 @@ from experiments.records.load import (
     recipe_config,
     record_dirs,
 )
+from experiments.records.notes import notes_section
 from experiments.records.speed import speed_sections
 from experiments.records.tables import (
     arrow,
@@ -139,8 +140,11 @@ def results_page(records: Records) -> str:
         tuning_table(records.trainings),
         "## Comparisons: candidate against baseline, validation only",
         _COMPARE_NOTE,
-        comparisons_section(records.goals["comparisons"], records.trainings),
+        comparisons_section(
+            records.goals["comparisons"], records.trainings, records.goals["about"]
+        ),
         speed_sections(records.benchmarks),
+        notes_section(),
         HOWTO,
     ]
     return "\n\n".join(parts) + "\n"
