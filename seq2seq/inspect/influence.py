@@ -144,8 +144,9 @@ def occlude(
 
 
 def _target_probs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """Probability and log-probability of each target token: (B, T, V) -> (B, T) twice."""
-    logits = logits.float()
+    """Probability and log-probability of each target token, in fp32 or wider (bf16 logits
+    are widened, float64 ones kept): (B, T, V) -> (B, T) twice."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     steps = torch.arange(target.shape[0], device=target.device)
     return (
         logits.softmax(-1)[:, steps, target],
