@@ -15,7 +15,8 @@ from experiments.records.load import read_json
 def _machine(env: dict[str, Any]) -> str:
     flags = ", ".join(env.get("cpu_bf16_flags") or []) or "no bf16 flags"
     commit = (env.get("git_commit") or "unknown")[:10]
-    return f"{env['cpu']} ({flags}), {env['threads']} threads, commit {commit}"
+    threads = f"{env['threads']} thread{'s' * (env['threads'] != 1)}"
+    return f"{env['cpu']} ({flags}), {threads}, commit {commit}"
 
 
 def _command(command: list[str] | str) -> str:
@@ -107,6 +108,28 @@ def notebook_latency(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def influence_precision(r: dict[str, Any]) -> list[str]:
+    """``experiments/influence_precision.py``: how far a map's precision moves its drops."""
+    lines = [
+        f"{_machine(r['environment'])}; the run `{r['run']}` ({r['model']['steps']} steps, "
+        f"trained in {r['model']['precision']}), the occlusion map of its greedy output for "
+        f"each of the {r['sentences']} sentences of `{r['file']}` ({r['rows']} rows). "
+        f"Command: {_command(r['command'])}.",
+        "",
+        "| map against reference | largest cell move, nats | median over sentences of each "
+        "one's largest | largest move of a row's top-two gap | rows whose top column differs |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for pair, m in r["pairs"].items():
+        lines.append(
+            f"| {pair} | {m['largest_cell_nats']:.3g} | "
+            f"{m['median_sentence_largest_cell_nats']:.3g} | "
+            f"{m['largest_top_two_gap_move_nats']:.3g} | "
+            f"{m['rows_whose_top_column_differs']} of {r['rows']} |"
+        )
+    return lines
+
+
 def _loads(values: list[float]) -> str:
     return ", ".join(f"{v:.1f}" for v in values)
 
@@ -124,6 +147,11 @@ NOTES: list[tuple[str, tuple[str, ...], Callable[..., list[str]]]] = [
         allocators,
     ),
     ("The first explorer in a notebook", ("experiments/notebook/latency.json",), notebook_latency),
+    (
+        "Influence maps: how far the precision moves a drop",
+        ("experiments/results/influence_precision_tour.json",),
+        influence_precision,
+    ),
 ]
 
 
