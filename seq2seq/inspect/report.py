@@ -45,7 +45,7 @@ from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.inspect import explorer
-from seq2seq.inspect.influence import TIE_NATS, agreement, influence_note, occlude
+from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model.transformer import padding_mask
 from seq2seq.run.precision import autocast
@@ -353,12 +353,15 @@ def _record(
         "influence": None if occlusion is None else occlusion.influence.cpu().numpy(),
         "influence_note": None
         if occlusion is None
-        else influence_note("this output" if reference is None else "the given reference"),
+        else influence_note(
+            "this output" if reference is None else "the given reference",
+            tie_nats(translator.dtype),
+        ),
         "most_attended": None,
         "most_influential": None,
         "tied": None,
         "agree": None,
-        "tie_nats": None,
+        "tie_nats": None if occlusion is None else tie_nats(translator.dtype),
         "interventions": changes,
     }
 
@@ -434,7 +437,7 @@ def _with_agreement(record: dict) -> dict:
     if record["influence"] is None:
         return record
     mean = record["weights"].mean(axis=(0, 1))  # (Tq, Tk)
-    return {**record, **agreement(mean, record["influence"]), "tie_nats": TIE_NATS}
+    return {**record, **agreement(mean, record["influence"], record["tie_nats"])}
 
 
 def json_record(record: dict) -> dict:
@@ -531,7 +534,7 @@ def format_table(record: dict, maps: list[dict]) -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
     block per map, one line per target position. With the record's influence, also the
     source token the map's row attends to most, the one whose occlusion lowers the row's
-    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.TIE_NATS``), and whether
+    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.tie_nats``), and whether
     they are the same position ("tie" where tied; the mean line: how often, of the rows
     that are not)."""
     tokens, src = record["tgt_tokens"], record["src_tokens"]
@@ -565,7 +568,8 @@ def format_table(record: dict, maps: list[dict]) -> str:
     if tied is not None:
         lines.append(
             f"same: of the {decisive} rows whose most influential token leads the next by "
-            f"{TIE_NATS} nats or more (bf16 and fp32 move a drop by up to that much); "
+            f"{record['tie_nats']} nats or more (rounding in the map's precision moves a drop "
+            "by less); "
             f"{same.count('tie')} rows are ties"
         )
     return "\n".join(lines)
