@@ -52,7 +52,9 @@ def translate(run: Path, src: Path, out: Path, kill_after: float | None = None) 
     proc = subprocess.Popen(command, cwd=REPO, env=env(), stderr=subprocess.DEVNULL)
     if kill_after is not None:
         time.sleep(kill_after)
-        proc.send_signal(signal.SIGKILL)
+        # os.kill, not send_signal: that polls first, and reaps a process that has just
+        # finished, so wait4 below found no child (rc 0 here then: it was not killed)
+        os.kill(proc.pid, signal.SIGKILL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
