@@ -14,12 +14,13 @@ from seq2seq.commands.cli import main
 from seq2seq.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
 from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
+from seq2seq.decoding.translate import Translator
 from seq2seq.drawing.plotting import CAPTION, figure_size
 from seq2seq.drawing.words import WORDS_NOTE
 from seq2seq.inspect.influence import (
-    TIE_NATS,
     influence_note,
     occlude,
+    tie_nats,
     tied_columns,
 )
 from seq2seq.inspect.records import TEACHER_FORCED
@@ -226,8 +227,6 @@ def test_bad_input_is_one_line_and_writes_nothing(
 
 
 def test_attention_report_takes_a_translator(run_dir, tmp_path):
-    from seq2seq.decoding.translate import Translator
-
     translator = Translator.from_run(run_dir)
     report = attention_report(translator, SENTENCE, head="all", fmt="png", out=tmp_path / "g.png")
     maps = selected_maps(report["records"][0], head="all")
@@ -322,7 +321,9 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     stdout = capsys.readouterr().out
     n_tq, n_tk = len(record["tgt_tokens"]), len(record["src_tokens"])
     influence = np.array(record["influence"])
-    assert influence.shape == (n_tq, n_tk) and record["influence_note"] == influence_note()
+    tie = tie_nats(Translator.from_run(run_dir).dtype)  # of the precision the map ran in
+    assert influence.shape == (n_tq, n_tk)
+    assert record["influence_note"] == influence_note("this output", tie)
     model, src = source(run_dir)
     tgt_ids = model_search(run_dir, 1).tokens + [EOS_ID] * (record["stop_reason"] == "eos")
     expected = occlude(model, src, tgt_ids).influence.numpy()
@@ -330,8 +331,8 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     mean = np.array(record["weights"]).mean(axis=(0, 1))  # (Tq, Tk)
     assert record["most_attended"] == mean.argmax(-1).tolist()
     assert record["most_influential"] == expected.argmax(-1).tolist()
-    tied = tied_columns(expected)
-    assert record["tied"] == tied and record["tie_nats"] == TIE_NATS
+    tied = tied_columns(expected, tie)
+    assert record["tied"] == tied and record["tie_nats"] == tie
     pairs = zip(record["most_attended"], record["most_influential"], tied, strict=True)
     assert record["agree"] == [a == b if len(t) == 1 else None for a, b, t in pairs]
     # The table: each map's most-attended source token beside the most influential one, or

@@ -14,8 +14,9 @@ from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, op
 from seq2seq.commands.cli import main
 from seq2seq.drawing.plotting import CAPTION
 from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.inspect import report as report_module
 from seq2seq.inspect.explorer import render_page
-from seq2seq.inspect.influence import influence_note
+from seq2seq.inspect.influence import TIE_NATS, influence_note, tie_nats
 from seq2seq.inspect.report import _tied_tokens, page_interventions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,7 +281,9 @@ def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
     assert "map=influence" in page.url  # a view that can be linked
     assert page.inner_text("#map-title").startswith("influence by occlusion, every layer at once")
     assert "largest drop in log-probability" in page.inner_text("#legend-text")
-    assert influence_note() in page.inner_text("#map-measures")  # what it measures, and not
+    note = records[0]["influence_note"]
+    assert note == influence_note("this output", tie_nats(None))  # the run's fp32
+    assert note in page.inner_text("#map-measures")  # what it measures, and not
 
     record = records[0]
     drops = np.array(record["influence"])  # (Tq, Tk)
@@ -322,7 +325,22 @@ def test_step_through_shows_whether_each_row_agrees(report, browser):
         "#step-map tbody tr", "trs => trs.map(tr => tr.lastElementChild.textContent)"
     )
     assert same == [{True: "yes", False: "no", None: "tie"}[a] for a in record["agree"]]
-    assert "tie" in same  # the tour's model has near-ties: the page shows them as such
+
+
+def test_a_tied_row_says_it_is_a_tie(run_dir, tmp_path, browser, monkeypatch):
+    """This fp32 model's map, judged with bf16's wider threshold, has near-ties: the step
+    view labels them "tie" and says within how many nats the drops lie."""
+    monkeypatch.setattr(report_module, "tie_nats", lambda dtype: TIE_NATS)
+    url, records = write_report(run_dir, tmp_path, "--beam", "1")
+    record = records[0]
+    assert record["tie_nats"] == TIE_NATS and None in record["agree"]
+    row = record["agree"].index(None)
+    page = open_page(browser, url + f"#view=step&step={row + 1}")
+    assert f"a tie: drops within {TIE_NATS} nats" in page.inner_text("#step-agreement")
+    same = page.eval_on_selector_all(
+        "#step-map tbody tr", "trs => trs.map(tr => tr.lastElementChild.textContent)"
+    )
+    assert same[row] == "tie"
 
 
 def test_the_written_page_holds_its_interventions_and_says_which(run_dir, browser, tmp_path):

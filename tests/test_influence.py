@@ -2,6 +2,7 @@
 (``seq2seq.inspect.interventions``): shapes, the batched occlusion against one pass per position,
 positions nobody reads, the neutral control, and the experiment that uses both."""
 
+import copy
 import importlib.util
 import json
 import subprocess
@@ -19,7 +20,14 @@ from seq2seq.data.batching import collate
 from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import force_decode, greedy_search
 from seq2seq.errors import Seq2SeqError
-from seq2seq.inspect.influence import TIE_NATS, agreement, occlude, tied_columns
+from seq2seq.inspect.influence import (
+    TIE_NATS,
+    TIE_NATS_FP32,
+    agreement,
+    occlude,
+    tie_nats,
+    tied_columns,
+)
 from seq2seq.inspect.interventions import (
     changed_tokens,
     hidden_source,
@@ -179,6 +187,39 @@ def test_bf16_influence_picks_the_fp32_columns_in_every_row_that_is_not_a_tie(tm
         picks = bf16.argmax(-1) == fp32.argmax(-1)
         assert picks[torch.tensor(decided)].all(), sentence
     assert rows >= len(SENTENCES)  # not every row a tie
+
+
+def test_fp32_influence_picks_the_float64_columns_in_every_row_that_is_not_a_tie(
+    tmp_path_factory,
+):
+    """TIE_NATS_FP32 is the spread fp32's rounding puts on influence: against the same map in
+    float64, no drop moves by the threshold, and a row decided in float64 names the same most
+    influential column in fp32."""
+    _, tokenizer, model = load_run(explorer_run_dir(tmp_path_factory))
+    wide = copy.deepcopy(model).double()
+    rows = 0
+    for sentence in SENTENCES:
+        src = source(tokenizer, sentence)
+        hyp = greedy_search(model, src)[0]
+        tgt = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+        fp32 = occlude(model, src, tgt).influence
+        fp64 = occlude(wide, src, tgt).influence
+        assert fp64.dtype == torch.float64 and (fp32 - fp64).abs().max() < TIE_NATS_FP32
+        decided = [len(t) == 1 for t in tied_columns(fp64, TIE_NATS_FP32)]
+        rows += sum(decided)
+        assert (fp32.argmax(-1) == fp64.argmax(-1))[torch.tensor(decided)].all(), sentence
+    assert rows >= len(SENTENCES)
+
+
+def test_the_tie_thresholds_are_above_what_their_record_measured():
+    """Each threshold is above the largest move of a row's top-two gap that
+    experiments/influence_precision.py recorded for its precision (fp32's twice it, rounded
+    up), and a map takes the one of the precision it was computed in."""
+    record = json.loads((REPO / "experiments/results/influence_precision_tour.json").read_text())
+    moved = {k: v["largest_top_two_gap_move_nats"] for k, v in record["pairs"].items()}
+    assert moved["bf16 against fp32"] < TIE_NATS < 2 * moved["bf16 against fp32"]
+    assert 2 * moved["fp32 against float64"] <= TIE_NATS_FP32 < 4 * moved["fp32 against float64"]
+    assert tie_nats(torch.bfloat16) == TIE_NATS and tie_nats(None) == TIE_NATS_FP32
 
 
 def test_hidden_source_decodes_as_occlusion_scores():

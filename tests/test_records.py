@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,6 +141,7 @@ def write_record(
     recipe: str = "base",
     lr: float = 0.002,
     cpus: tuple[str, ...] = ("Test CPU",),
+    sha256: str | None = None,
 ) -> Path:
     """A record like ``collect`` writes: ``test`` = greedy BLEU, beam 5 BLEU, literature
     scale and chrF, or no test scores; trained in one segment per CPU of ``cpus``."""
@@ -184,6 +186,7 @@ def write_record(
         "minutes": 30.1,
         "weights": "step 25",
         "valid_bleu": valid_bleu,
+        "sha256": sha256 or hashlib.sha256(name.encode()).hexdigest(),
         "scores": {"test": scores, "validation": {}},
     }
     (out / "record.json").write_text(json.dumps(record))
@@ -207,13 +210,23 @@ def test_a_recipe_is_the_mean_and_sd_of_its_seeds_beside_each_seed(tmp_path):
     assert "| validation BLEU, end | 42.00 ± 1.00 | 41.00 | 42.00 | 43.00 |" in page
 
 
-def test_one_seed_is_labelled(tmp_path):
+def test_one_seed_is_labelled_and_shown_once(tmp_path):
+    """A recipe of one seed is its seed's column alone, no mean beside it; the budgets of one
+    recipe that have a seed each share one table, the recipe named once above them."""
     test = {"greedy": 39.22, "beam": 40.29, "literature": 41.0, "chrf": 60.0}
     write_record(tmp_path, "base-s1", 1, 40.1, test)
     records = load_records(tmp_path)
     page = results_page(records)
-    assert "|  | 1 seed | seed 1 |" in page and "| test BLEU greedy | 39.22 | 39.22 |" in page
+    assert "##### one seed\n\n|  | seed 1 |\n" in page
+    assert "| test BLEU greedy | 39.22 |\n" in page
     assert "39.22 (1 seed)" in tuning_or_compact(tmp_path)
+    later = {**test, "greedy": 40.5}
+    write_record(tmp_path, "b-s2", 2, 41.0, later, recipe="base; 2500 steps", lr=0.001)
+    write_record(tmp_path, "c-s3", 3, 42.0, test, recipe="base; 4900 steps", lr=0.003)
+    page = results_page(load_records(tmp_path))
+    assert page.count("#### base\n") == 1
+    assert "|  | seed 1 | 2500 steps, seed 2 | 4900 steps, seed 3 |\n" in page
+    assert "| test BLEU greedy | 39.22 | 40.50 | 39.22 |\n" in page
 
 
 def tuning_or_compact(results: Path) -> str:
@@ -230,9 +243,10 @@ def test_each_seed_says_what_trained_it(tmp_path):
     write_record(tmp_path, "base-s1", 1, 40.0, test, cpus=("CPU A",))
     write_record(tmp_path, "base-s2", 2, 41.0, test, cpus=("CPU B", "CPU B", "CPU A"))
     records = load_records(tmp_path)
-    machine_a, machine_b = "CPU A, fp32, 2 threads", "CPU B, fp32, 2 threads"
+    machine_a, machine_b = (f"CPU {x} (bf16 flags not recorded), fp32, 2 threads" for x in "AB")
     page = results_page(records)
     assert f"| trained on |  | {machine_a} | {machine_b} + {machine_a} |" in page
+    assert "| trainer |  | unknown | unknown |" in page
     assert f"| {machine_a}; {machine_b} + {machine_a} |" in tuning_table(records.trainings)
 
 
@@ -310,6 +324,22 @@ def test_the_readme_names_a_shared_recipe_once_and_leaves_the_goals_to_results_m
     assert "| de→en | 1200 steps | 1 |" in readme and "| de→en | 4900 steps | 1 |" in readme
     assert "≥ 40" not in readme and "not met" not in readme
     assert "greedy ≥ 40: not met" in results_page(load_records(tmp_path))
+
+
+def test_each_readme_row_names_the_machine_and_trainer_of_its_seeds(tmp_path):
+    """A row that pools seeds of two machines says so: a letter per machine and trainer,
+    with the seeds each trained, the letters named below the table."""
+    test = {"greedy": 30.5, "beam": 31.5, "literature": 32.5, "chrf": 50.0}
+    write_record(tmp_path, "a-s1", 1, 35.0, test, cpus=("CPU A",))
+    write_record(tmp_path, "a-s2", 2, 35.5, test, cpus=("CPU A",))
+    write_record(tmp_path, "a-s3", 3, 36.0, test, cpus=("CPU B",))
+    readme = tuning_or_compact(tmp_path)
+    assert (
+        "| de→en | base | 3 | 25 ± 0 | 30.50 ± 0.00 | 31.50 ± 0.00 | 32.50 ± 0.00 | A (seeds 1, 2), B (seed 3) |"
+        in readme
+    )
+    legend = "A: CPU A (bf16 flags not recorded), fp32, 2 threads; unknown. B: CPU B (bf16 "
+    assert f"\n\n{legend}flags not recorded), fp32, 2 threads; unknown.\nRendered from" in readme
 
 
 def test_a_missing_record_field_is_a_one_line_error(tmp_path, capsys):
@@ -521,50 +551,120 @@ def test_every_figure_beside_a_record_is_checked(page):
             assert not unchecked, f"{page}: {sorted(unchecked)} beside a record, unchecked"
 
 
-def test_a_comparison_calls_a_lead_only_beyond_twice_its_standard_error(tmp_path):
-    for seed, base, close, far in (
-        (1, 40.0, 40.2, 41.5),
-        (2, 40.5, 40.6, 41.9),
-        (3, 40.2, 40.5, 41.7),
+def test_a_comparison_calls_a_lead_only_outside_its_95_percent_interval(tmp_path):
+    for seed, base, close, far, other in (
+        (1, 40.0, 40.2, 41.5, 40.9),
+        (2, 40.5, 40.6, 41.9, 41.6),
+        (3, 40.2, 40.5, 41.7, 41.2),
     ):
         write_record(tmp_path, f"base-s{seed}", seed, base)
         write_record(tmp_path, f"close-s{seed}", seed, close, recipe="close", lr=0.003)
         write_record(tmp_path, f"far-s{seed}", seed, far, recipe="far", lr=0.004)
+        write_record(tmp_path, f"other-s{seed}", seed, other, recipe="other", lr=0.006, cpus=("B",))
     write_record(tmp_path, "one-s1", 1, 45.0, recipe="one", lr=0.005, cpus=("Other CPU",))
     base = {"label": "default", "records": ["base-s1", "base-s2", "base-s3"]}
 
     def arm(name, seeds=(1, 2, 3)):
         return {"label": name, "records": [f"{name}-s{s}" for s in seeds]}
 
+    def comparison(name, question="lr", seeds=(1, 2, 3)):
+        return {"question": question, "case": name, "baseline": base, "candidate": arm(name, seeds)}
+
     comparisons = [
-        {"question": "close", "baseline": base, "candidate": arm("close")},
-        {"question": "far", "baseline": base, "candidate": arm("far")},
-        {"question": "one", "baseline": base, "candidate": arm("one", (1,))},
+        comparison("close"),
+        comparison("far"),
+        comparison("other", question="machines"),
+        comparison("one", seeds=(1,)),
     ]
     (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
     page = results_page(load_records(tmp_path))
-    rows = page.split("## Comparisons")[1].split("\n## ")[0]
-    assert "| default | 1, 2, 3 | 40.23 ± 0.25 |" in rows
-    # +0.20 against 2 SE of 0.38: a tie; +1.47 against 0.37: a lead; both paired
-    assert "| close | 1, 2, 3 | 40.43 ± 0.21 | +0.20 | 0.38 | tie |" in rows
-    assert "| far | 1, 2, 3 | 41.70 ± 0.20 | +1.47 | 0.37 | lead |" in rows
-    # one seed, another machine
-    assert "| one | 1 | 45.00 | +4.77 | – | not judged (1 seed), unpaired |" in rows
+    section = page.split("## Comparisons")[1].split("\n## ")[0]
+    lr, machines = section.split("### lr")[1].split("### machines")
+    assert "| close | default | 1, 2, 3 | 40.23 ± 0.25 |" in lr
+    # paired: differences 0.2, 0.1, 0.3, t(2) = 4.303 × 0.1 / √3 = 0.248: a tie; where
+    # 2 × SE of the means (0.38) would have said the same, at 0.25 it is closer
+    assert "| close | 1, 2, 3 | 40.43 ± 0.21 | +0.20 | ±0.25 (paired t, df 2) | tie |" in lr
+    assert "| far | 1, 2, 3 | 41.70 ± 0.20 | +1.47 | ±0.14 (paired t, df 2) | lead |" in lr
+    # another machine: Welch's t, at Welch-Satterthwaite's degrees of freedom
+    assert (
+        "| other | 1, 2, 3 | 41.23 ± 0.35 | +1.00 | ±0.72 (Welch t, df 3.63) | lead, unpaired |"
+        in machines
+    )
+    assert "| one | 1 | 45.00 | +4.77 | – | not judged (1 seed), unpaired |" in lr
+    assert lr.count("| case | arm |") == 1 and machines.count("| case | arm |") == 1  # a table each
+    del comparisons[1]["case"]
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
+    with pytest.raises(RecordError, match="comparison 2: needs a question and a case"):
+        results_page(load_records(tmp_path))
+    comparisons[1]["case"] = "far"
     comparisons[0]["candidate"]["records"][0] = "clsoe-s1"
     (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
     with pytest.raises(RecordError, match="comparison 1 candidate: no record 'clsoe-s1'"):
         results_page(load_records(tmp_path))
 
 
+def test_a_comparison_of_one_set_of_weights_with_itself_is_refused(tmp_path):
+    """Two arms that scored the same weights (one sha256: a candidate that changed nothing
+    before the step both scored) cannot differ: the render refuses the comparison."""
+    write_record(tmp_path, "base-s1", 1, 40.0, sha256="ab" * 32)
+    write_record(tmp_path, "same-s1", 1, 40.0, recipe="same", lr=0.003, sha256="ab" * 32)
+    write_record(tmp_path, "moved-s1", 1, 40.0, recipe="moved", lr=0.004, sha256="cd" * 32)
+    comparisons = [
+        {
+            "question": "q",
+            "case": name,
+            "baseline": {"label": "default", "records": ["base-s1"]},
+            "candidate": {"label": name, "records": [f"{name}-s1"]},
+        }
+        for name in ("moved", "same")
+    ]
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons}))
+    with pytest.raises(RecordError, match="comparison 2: both arms scored the same weights"):
+        results_page(load_records(tmp_path))
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": comparisons[:1]}))
+    assert "| moved | 1 | 40.00 | +0.00 | – | not judged (1 seed) |" in results_page(
+        load_records(tmp_path)
+    )
+
+
+def test_the_t_quantile_is_students_at_any_degrees_of_freedom():
+    from experiments.records.stats import t_quantile
+
+    for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (10, 2.228), (1e6, 1.960)):
+        assert t_quantile(df) == pytest.approx(t, abs=1e-3)
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1.06, 2.5, 3.56, 7.3):
+        assert t_quantile(df) == pytest.approx(stats.t.ppf(0.975, df), rel=1e-9)
+
+
+def test_the_machine_names_the_cpus_bf16_flags(tmp_path):
+    """One model name covers hosts with AMX, with AVX512-BF16 and with neither: the flags
+    are part of the machine, so runs on two of them are not paired."""
+    out = write_record(tmp_path, "base-s1", 1, 40.0)
+    segment = {"cpu": "AMD EPYC", "device": "cpu", "threads": 1, "precision": "bf16 autocast"}
+    for flags, shown in (
+        (["avx512_bf16"], "AMD EPYC (avx512_bf16), bf16 autocast, 1 thread"),
+        ([], "AMD EPYC (no bf16 flags), bf16 autocast, 1 thread"),
+        (None, "AMD EPYC (bf16 flags not recorded), bf16 autocast, 1 thread"),
+    ):
+        with_flags = segment if flags is None else {**segment, "cpu_bf16_flags": flags}
+        (out / "environment.json").write_text(json.dumps({"segments": [with_flags]}))
+        assert load_training(out).machine == shown
+
+
 def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_path):
     from experiments.records import RESULTS
-    from experiments.records.compare import load_numerics, trainer_of_run
+    from experiments.records.compare import load_numerics, record_trainer, trainer_of_run
 
     numerics = load_numerics(RESULTS)
     names = {e["trainer"] for e in numerics}
     for folder in sorted(RESULTS.glob("*/record.json")):
         record = json.loads(folder.read_text())
         assert record.get("trainer") in names | {"unknown"}, folder.parent.name
+        # as numerics.yaml decides today (its commits and precision), where git knows them
+        now = record_trainer(folder.parent, numerics)
+        if "unknown" not in now:
+            assert record["trainer"] == now, f"{folder.parent.name}: relabel it {now!r}"
     # the segments' commits decide, where git knows them: before and after the mask change
     first, masks = numerics[0]["trainer"], numerics[1]
     env = {"segments": [{"git_commit": masks["since"]}]}
@@ -572,3 +672,76 @@ def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_p
     env["segments"].insert(0, {"git_commit": None})
     assert trainer_of_run(env, numerics) == f"unknown + {masks['trainer']}"
     assert first == "F.dropout masks"
+
+
+def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
+    """15bbc8d moved bf16's dropout scale and left fp32's numbers as they were: a bf16 run
+    from it on is another trainer, an fp32 run is the trainer before it, and so is a bf16 run
+    from its parent."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    [scale] = [e for e in numerics if e.get("precision") == "bf16 autocast"]
+    before = next(e for e in numerics if e["trainer"] == "16-bit dropout masks")["trainer"]
+
+    def trainer(commit: str, precision: str) -> str:
+        return trainer_of_run(
+            {"segments": [{"git_commit": commit, "precision": precision}]}, numerics
+        )
+
+    parent = subprocess.run(
+        ["git", "rev-parse", f"{scale['since']}~1"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    if not parent:
+        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
+    assert trainer(scale["since"], "fp32") == before
+    assert trainer(parent, "bf16 autocast") == before
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lowercased, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PROSE)
+def test_a_link_into_results_md_names_one_of_its_headings(page):
+    """User pages link the evidence in docs/results.md by heading: a renamed question or
+    section would leave the link at the top of the page."""
+    results = (REPO / "docs/results.md").read_text(encoding="utf-8")
+    anchors = {_slug(m) for m in re.findall(r"^#+ (.+)$", results, flags=re.M)}
+    text = (REPO / page).read_text(encoding="utf-8")
+    for anchor in re.findall(r"results\.md#([\w\-]+)", text):
+        assert anchor in anchors, f"{page}: results.md#{anchor} is no heading of results.md"
+
+
+def test_a_question_says_what_it_asks_above_its_table(tmp_path):
+    write_record(tmp_path, "base-s1", 1, 40.0)
+    write_record(tmp_path, "cand-s1", 1, 39.0, recipe="cand", lr=0.003)
+    comparison = {
+        "question": "Does cand help?",
+        "case": "de→en",
+        "baseline": {"label": "default", "records": ["base-s1"]},
+        "candidate": {"label": "cand", "records": ["cand-s1"]},
+    }
+    goals = {"comparisons": [comparison], "about": {"Does cand help?": "Why it might."}}
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    assert "### Does cand help?\n\nWhy it might.\n\n| case |" in results_page(
+        load_records(tmp_path)
+    )
+    goals["about"] = {"Does cnad help?": "Why it might."}
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump(goals))
+    with pytest.raises(RecordError, match="about maps a comparison's question"):
+        load_records(tmp_path)
+
+
+def test_the_measurements_behind_the_user_pages_name_their_records():
+    """Each measurement a user page links is rendered from its committed record, named
+    beside it, with the command that wrote it."""
+    from experiments.records.notes import NOTES, notes_section
+
+    section = notes_section()
+    for title, paths, _ in NOTES:
+        part = section.split(f"### {title}\n")[1].split("\n### ")[0]
+        assert all(f"`{path}`" in part for path in paths) and "Command" in part, title

@@ -51,8 +51,9 @@ class Training:
     valid_bleu: float  # of the scored weights
     valid_loss: float  # at the last validation
     by_epoch: dict[str, float]  # validation BLEU: "1", "2", … (first after each epoch), "end"
-    machine: str = ""  # "AMD EPYC, bf16 autocast, 2 threads": what trained it, each segment
+    machine: str = ""  # "AMD EPYC (avx512_bf16), bf16 autocast, 2 threads": each segment's
     trainer: str = "unknown"  # the trainer's numerics (numerics.yaml), as collect recorded it
+    sha256: str | None = None  # of the scored weights (records before collect hashed: None)
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ def load_training(folder: Path) -> Training:
         by_epoch=by_epoch,
         machine=_machine(folder),
         trainer=r.get("trainer", "unknown"),
+        sha256=r.get("sha256"),
     )
 
 
@@ -156,10 +158,19 @@ def _machine(folder: Path) -> str:
 
 
 def _segment_machine(segment: dict[str, Any]) -> str:
-    """``"AMD EPYC, bf16 autocast, 2 threads"``: one segment of ``environment.json``."""
+    """``"AMD EPYC (avx512_bf16), bf16 autocast, 2 threads"``: one segment of
+    ``environment.json``. A CPU's bf16 flags are part of it: one model name covers hosts
+    with AMX, with AVX512-BF16 and with neither, and their bf16 kernels differ."""
     device, threads = segment.get("device"), segment.get("threads")
-    where = segment.get("cpu") if device == "cpu" else device
+    where = f"{segment.get('cpu')} ({_bf16_flags(segment)})" if device == "cpu" else device
     return f"{where}, {segment.get('precision')}, {threads} thread{'' if threads == 1 else 's'}"
+
+
+def _bf16_flags(segment: dict[str, Any]) -> str:
+    flags = segment.get("cpu_bf16_flags")
+    if flags is None:
+        return "bf16 flags not recorded"
+    return ", ".join(flags) or "no bf16 flags"
 
 
 def metrics_rows(folder: Path) -> list[dict[str, Any]]:
@@ -192,12 +203,13 @@ def recipe_config(folder: Path) -> dict[str, Any]:
 
 
 def load_goals(results: Path) -> dict[str, Any]:
-    """``goals.yaml``: ``min_seeds``, a list of goals (direction, recipe, metric, at_least)
-    and ``headline``, the recipes the README's table shows (None: every recipe); no goals
-    when the file is absent."""
+    """``goals.yaml``: ``min_seeds``, a list of goals (direction, recipe, metric, at_least),
+    ``headline``, the recipes the README's table shows (None: every recipe), the
+    ``comparisons`` and ``about``, a paragraph on a comparison's question (what it asks and
+    why); no goals when the file is absent."""
     path = results / GOALS
     if not path.is_file():
-        return {"min_seeds": 1, "goals": [], "headline": None, "comparisons": []}
+        return {"min_seeds": 1, "goals": [], "headline": None, "comparisons": [], "about": {}}
     goals = read_yaml(path) or {}
     for i, goal in enumerate(goals.get("goals", []), 1):
         for field in ("direction", "recipe", "metric", "at_least"):
@@ -211,9 +223,14 @@ def load_goals(results: Path) -> dict[str, Any]:
     comparisons = goals.get("comparisons", [])
     if not isinstance(comparisons, list):
         raise RecordError(f"{path}: comparisons must be a list")
+    about = goals.get("about", {})
+    asked = {c.get("question") for c in comparisons}
+    if not isinstance(about, dict) or set(about) - asked:
+        raise RecordError(f"{path}: about maps a comparison's question to a paragraph on it")
     return {
         "min_seeds": goals.get("min_seeds", 1),
         "goals": goals.get("goals", []),
         "headline": headline,
         "comparisons": comparisons,
+        "about": about,
     }

@@ -8,7 +8,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 from experiments.records import DOC, GOALS, REPO, RecordError
-from experiments.records.compare import comparisons_table
+from experiments.records.compare import comparisons_section
 from experiments.records.load import (
     Tested,
     Training,
@@ -19,6 +19,7 @@ from experiments.records.load import (
     recipe_config,
     record_dirs,
 )
+from experiments.records.notes import notes_section
 from experiments.records.speed import speed_sections
 from experiments.records.tables import (
     arrow,
@@ -40,8 +41,8 @@ Every figure on this page is computed by `{RENDER}` from the records
 committed in `experiments/results/`: each run's `config.yaml`, `metrics.jsonl`,
 `environment.json`, `data_summary.json`, `seq2seq evaluate` scores and hypotheses, and
 each benchmark's JSON. A test fails when this page differs from that render. A recipe's
-figure is the mean ± sd over its seeds (`train.seed`), beside each seed's value; "1 seed"
-marks a figure from a single run."""
+figure is the mean ± sd over its seeds (`train.seed`), beside each seed's value, where it has
+several; a table of one seed shows that seed's values alone."""
 HOWTO = f"""## Adding a record
 
 ```
@@ -69,12 +70,14 @@ _TUNING_NOTE = (
 )
 
 _COMPARE_NOTE = (
-    "Each comparison of `goals.yaml` (`comparisons:`): validation BLEU of the scored weights, "
-    "mean ± sd over each arm's seeds, the candidate's difference from the baseline and twice "
-    "its standard error. A lead (or behind) is called only when the difference exceeds twice "
-    'its standard error; one seed on either side is not judged. "unpaired": the arms did not '
-    "all train on one machine with one trainer's numerics (`numerics.yaml`) on the same seeds, "
-    "so only the means are compared. The machine and trainer of every run are in the last column."
+    "Each comparison of `goals.yaml` (`comparisons:`), a table per question: validation BLEU "
+    "of the scored weights, mean ± sd over each arm's seeds, the candidate's difference from "
+    "the baseline and the half-width of its 95% confidence interval (two-sided). Paired arms "
+    "(the same seeds, every run on one machine, its bf16 flags included, with one trainer's "
+    "numerics, `numerics.yaml`) take the paired t over the per-seed differences; other arms "
+    "are \"unpaired\" and take Welch's t, with Welch-Satterthwaite's degrees of freedom. A "
+    "lead (or behind) is called only when the difference lies outside the interval; one seed "
+    "on either side is not judged. The machine and trainer of every run are in the last column."
 )
 
 
@@ -137,24 +140,41 @@ def results_page(records: Records) -> str:
         tuning_table(records.trainings),
         "## Comparisons: candidate against baseline, validation only",
         _COMPARE_NOTE,
-        comparisons_table(records.goals["comparisons"], records.trainings),
+        comparisons_section(
+            records.goals["comparisons"], records.trainings, records.goals["about"]
+        ),
         speed_sections(records.benchmarks),
+        notes_section(),
         HOWTO,
     ]
     return "\n\n".join(parts) + "\n"
 
 
 def _direction(direction: str, records: Records) -> str:
-    """A direction's goals, what its test set is, and a results table per recipe."""
+    """A direction's goals, what its test set is, and per recipe (named once, whatever the
+    budgets it ran at) a table per budget it has several seeds of, and one for the budgets it
+    has one seed of, a column each."""
     found = {r: runs for (d, r), runs in records.tested.items() if d == direction}
     goals = goal_lines(records.goals, records.tested, direction)
     parts = [f"### {arrow(direction)}", "\n".join(goals)]
     if not found:
         parts.append("No test results recorded yet.")
-    else:
-        parts.append(_test_sets(found))
-        for recipe, runs in found.items():
-            parts += [f"#### {recipe}", results_table(runs)]
+        return "\n\n".join(p for p in parts if p)
+    parts.append(_test_sets(found))
+    families: dict[str, list[tuple[str, list[Tested]]]] = {}
+    for recipe, runs in found.items():
+        name, _, budget = recipe.rpartition("; ")
+        families.setdefault(name or budget, []).append((budget if name else "", runs))
+    for name, budgets in families.items():
+        parts.append(f"#### {name}")
+        single = [(budget, runs[0]) for budget, runs in budgets if len(runs) == 1]
+        for budget, runs in budgets:
+            if len(runs) > 1:
+                parts += [f"##### {budget or 'all'}, {len(runs)} seeds", results_table(runs)]
+        if single:
+            heads = [", ".join(filter(None, (b, f"seed {t.training.seed}"))) for b, t in single]
+            title = "one seed each" if len(single) > 1 else "one seed"
+            parts += [f"##### {title}", results_table([t for _, t in single], heads)]
     return "\n\n".join(p for p in parts if p)
 
 
@@ -202,7 +222,7 @@ def fill_markers(text: str, block: str, page: Path, doc: Path = DOC) -> str:
     after = rest.split(END, 1)[1]
     link = os.path.relpath(doc, page.parent).replace(os.sep, "/")
     note = f"Rendered from the committed records; every figure with its seeds: [{link}]({link})."
-    return f"{before}{START}\n{block}\n\n{note}\n{END}{after}"
+    return f"{before}{START}\n{block}\n{note}\n{END}{after}"  # the note ends its last paragraph
 
 
 def marker_pages(repo: Path = REPO) -> list[Path]:

@@ -90,13 +90,14 @@ def values(runs: list[Tested], metric: str) -> list[float]:
     return [v for v in (METRICS[metric].value(t) for t in runs) if v is not None]
 
 
-def results_table(runs: list[Tested]) -> str:
-    """One recipe's results: a row per figure (test scores, training, the scored weights,
-    validation BLEU after each epoch and at the end), its mean ± sd over the seeds and each
-    seed's value."""
-    n = len(runs)
+def results_table(runs: list[Tested], heads: list[str] | None = None) -> str:
+    """Results: a row per figure (test scores, training, the scored weights, validation BLEU
+    after each epoch and at the end), a column per run (``heads``, or "seed N": the seeds of
+    one recipe, with their mean ± sd before them where there are several)."""
+    several = len(runs) > 1 and heads is None
     rows = [_figure_row(m.label, m.digits, [m.value(t) for t in runs]) for m in METRICS.values()]
     rows.append(["trained on", "", *(t.training.machine for t in runs)])
+    rows.append(["trainer", "", *(t.training.trainer for t in runs)])
     rows.append(["scored weights", "", *(t.training.weights for t in runs)])
     rows.append(["test scores tied to them", "", *(_tied(t) for t in runs)])
     scored = [t.training.valid_bleu for t in runs]
@@ -105,9 +106,11 @@ def results_table(runs: list[Tested]) -> str:
         _figure_row(f"validation BLEU, {'end' if c == 'end' else f'epoch {c}'}", 2, by_epoch)
         for c, by_epoch in _epochs(runs)
     ]
-    head = ["", f"mean ± sd, {n} seeds" if n > 1 else "1 seed"]
-    head += [f"seed {t.training.seed}" for t in runs]
-    table = [head, ["---", *["---:"] * (n + 1)], *rows]
+    heads = heads or [f"seed {t.training.seed}" for t in runs]
+    head = ["", f"mean ± sd, {len(runs)} seeds", *heads]
+    table = [head, ["---", *["---:"] * (len(head) - 1)], *rows]
+    if not several:  # each column is a figure of its own: no mean beside them
+        table = [[cells[0], *cells[2:]] for cells in table]
     return "\n".join("| " + " | ".join(cells) + " |" for cells in table)
 
 
@@ -199,8 +202,9 @@ def tuning_table(trainings: list[Training]) -> str:
 
 def compact_table(tested: dict[tuple[str, str], list[Tested]]) -> str:
     """The README's table: per direction and budget, the seeds and the test BLEU columns,
-    mean ± sd. Recipes that share a name before their budget (``name; budget``) are named
-    once, above the table."""
+    mean ± sd, and what trained each seed: a letter per machine and trainer, named below the
+    table (a row may pool several). Recipes that share a name before their budget
+    (``name; budget``) are named once, above the table."""
     if not tested:
         return "No test results recorded yet."
     names = {recipe.rpartition("; ")[0] for _, recipe in tested}
@@ -208,11 +212,33 @@ def compact_table(tested: dict[tuple[str, str], list[Tested]]) -> str:
     lines = [f"Recipe: {shared}.", ""] if shared else []
     column = "budget" if shared else "recipe"
     lines += [
-        f"| direction | {column} | seeds | " + " | ".join(METRICS[k].label for k in COMPACT) + " |",
-        "|---|---|---|" + "---:|" * len(COMPACT),
+        f"| direction | {column} | seeds | "
+        + " | ".join(METRICS[k].label for k in COMPACT)
+        + " | trained on |",
+        "|---|---|---|" + "---:|" * len(COMPACT) + "---|",
     ]
+    letters: dict[str, str] = {}
     for (direction, recipe), runs in tested.items():
         cells = [spread(values(runs, k), METRICS[k].digits, each=False) for k in COMPACT]
         shown = recipe.rpartition("; ")[2] if shared else recipe
-        lines.append(f"| {arrow(direction)} | {shown} | {len(runs)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(
+            f"| {arrow(direction)} | {shown} | {len(runs)} | "
+            + " | ".join(cells)
+            + f" | {_trained_on(runs, letters)} |"
+        )
+    legend = " ".join(f"{letter}: {where}." for where, letter in letters.items())
+    return "\n".join([*lines, "", legend])
+
+
+def _trained_on(runs: list[Tested], letters: dict[str, str]) -> str:
+    """'A (seeds 1, 2), B (seed 3)': each machine and trainer's letter (given in ``letters``
+    the first time one is seen) and the seeds it trained."""
+    seeds: dict[str, list[int]] = {}
+    for t in runs:
+        where = f"{t.training.machine}; {t.training.trainer}"
+        letter = letters.setdefault(where, chr(ord("A") + len(letters)))
+        seeds.setdefault(letter, []).append(t.training.seed)
+    return ", ".join(
+        f"{letter} (seed{'s' * (len(s) > 1)} {', '.join(map(str, s))})"
+        for letter, s in seeds.items()
+    )

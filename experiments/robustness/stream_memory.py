@@ -6,7 +6,7 @@ from data/sample, translates each with ``seq2seq translate RUN -i IN -o OUT`` an
 the process's peak RSS (``ru_maxrss`` from ``wait4``); then kills the 100,000-line
 translation at random moments and checks the written lines against the full output.
 
-    OMP_NUM_THREADS=1 python experiments/robustness/stream_memory.py
+    OMP_NUM_THREADS=1 python experiments/robustness/stream_memory.py [--json RECORD]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from test_robustness import TINY, env  # noqa: E402
 
 from seq2seq.config import load_config  # noqa: E402
+from seq2seq.run.runlog import machine  # noqa: E402
 from seq2seq.training.trainer import train  # noqa: E402
 
 
@@ -51,7 +52,9 @@ def translate(run: Path, src: Path, out: Path, kill_after: float | None = None) 
     proc = subprocess.Popen(command, cwd=REPO, env=env(), stderr=subprocess.DEVNULL)
     if kill_after is not None:
         time.sleep(kill_after)
-        proc.send_signal(signal.SIGKILL)
+        # os.kill, not send_signal: that polls first, and reaps a process that has just
+        # finished, so wait4 below found no child (rc 0 here then: it was not killed)
+        os.kill(proc.pid, signal.SIGKILL)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/seq2seq-stream-memory"))
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the summary here, as a record")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     run = args.run
@@ -108,7 +112,14 @@ def main() -> None:
         )
         kills.append(result)
         print("killed", json.dumps(result), flush=True)
-    (args.out / "summary.json").write_text(json.dumps({"sizes": results, "kills": kills}, indent=2))
+    summary = {
+        "command": ["python", "experiments/robustness/stream_memory.py", *sys.argv[1:]],
+        "environment": machine(),
+        "sizes": results,
+        "kills": kills,
+    }
+    for path in filter(None, (args.out / "summary.json", args.json)):
+        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

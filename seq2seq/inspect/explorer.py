@@ -93,7 +93,7 @@ def _influence_map(record: dict, digits: int = 4) -> dict | None:
         "summary": f"largest drop {drops.max():.3f} nats \u00b7 the most-attended source "
         f"position (mean of every layer and head) is the most influential one in "
         f"{sum(decisive)} of {len(decisive)} rows; {tq - len(decisive)} rows tied (two drops "
-        f"within {record['tie_nats']} nats, which bf16 and fp32 can order either way)",
+        f"within {record['tie_nats']} nats, which the map's precision can order either way)",
         "attended": record["most_attended"],
         "influential": record["most_influential"],
         "tied": record["tied"],

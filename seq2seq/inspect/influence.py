@@ -32,23 +32,31 @@ from seq2seq.vocab import BOS_ID
 # Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
 # subwords with a vocabulary of 16,000 fit in one pass; longer sentences take a few.
 MAX_LOGITS = 2**25
-# Two drops closer than this are a tie: which is larger is decided by rounding. Measured on
-# the tour's model (docs/tour.yaml) over the 40 sentences of data/sample/train.de: bf16
-# autocast moves a cell from fp32 by up to 0.078 nats (median per sentence 0.033; the
-# default recipe's model: 0.03-0.09), a row's top-two gap by up to 0.104, and the top pick
-# flips in 7 of 648 rows (`python experiments/influence_precision.py --run runs/tour`).
-TIE_NATS = 0.11
+# Two drops closer than this are a tie: which is larger is decided by rounding, in the
+# precision the map was computed in. Measured on the tour's model (docs/tour.yaml) over the 40
+# sentences of data/sample/train.de (experiments/results/influence_precision_tour.json, by
+# experiments/influence_precision.py): a row's top-two gap moves by up to 0.104 nats under
+# bf16 autocast against fp32, and by up to 5.0e-6 in fp32 against float64. Each threshold is
+# above its largest move; fp32's is twice it, rounded up, for models larger than the tour's.
+TIE_NATS = 0.11  # a map computed under bf16 autocast
+TIE_NATS_FP32 = 1e-5
 
 
-def influence_note(scored: str = "this output") -> str:
+def tie_nats(dtype: torch.dtype | None) -> float:
+    """The tie threshold of a map computed under autocast to ``dtype`` (None: fp32)."""
+    return TIE_NATS if dtype == torch.bfloat16 else TIE_NATS_FP32
+
+
+def influence_note(scored: str = "this output", tie: float = TIE_NATS) -> str:
     """What the explorer says of its influence map; ``scored``: what was teacher-forced
-    (the output the search produced, or a given reference)."""
+    (the output the search produced, or a given reference); ``tie``: its tie threshold."""
     return (
         "Influence by occlusion: the drop in each output token's log-probability (nats, signed, "
         f"teacher-forced on {scored}) when a source position is hidden from cross-attention "
         "in every layer. One measure of influence: a hidden position is an input the model "
         "never saw in training, and other positions can stand in for it. Drops within "
-        f"{TIE_NATS} nats of a row's largest are a tie (bf16 and fp32 differ by up to that much)."
+        f"{tie} nats of a row's largest are a tie (rounding in the precision the map was "
+        "computed in moves a drop by less)."
     )
 
 
@@ -144,8 +152,9 @@ def occlude(
 
 
 def _target_probs(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-    """Probability and log-probability of each target token: (B, T, V) -> (B, T) twice."""
-    logits = logits.float()
+    """Probability and log-probability of each target token, in fp32 or wider (bf16 logits
+    are widened, float64 ones kept): (B, T, V) -> (B, T) twice."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     steps = torch.arange(target.shape[0], device=target.device)
     return (
         logits.softmax(-1)[:, steps, target],

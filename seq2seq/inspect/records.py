@@ -41,7 +41,7 @@ from seq2seq.decoding.search import Hypothesis, force_decode, max_output_length,
 from seq2seq.decoding.translate import Translator, one_line
 from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
-from seq2seq.inspect.influence import TIE_NATS, agreement, influence_note, occlude
+from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model.transformer import padding_mask
 from seq2seq.run.precision import autocast
@@ -247,12 +247,15 @@ def _record(
         "influence": None if occlusion is None else occlusion.influence.cpu().numpy(),
         "influence_note": None
         if occlusion is None
-        else influence_note("this output" if reference is None else "the given reference"),
+        else influence_note(
+            "this output" if reference is None else "the given reference",
+            tie_nats(translator.dtype),
+        ),
         "most_attended": None,
         "most_influential": None,
         "tied": None,
         "agree": None,
-        "tie_nats": None,
+        "tie_nats": None if occlusion is None else tie_nats(translator.dtype),
         "interventions": changes,
     }
 
@@ -328,7 +331,7 @@ def _with_agreement(record: dict) -> dict:
     if record["influence"] is None:
         return record
     mean = record["weights"].mean(axis=(0, 1))  # (Tq, Tk)
-    return {**record, **agreement(mean, record["influence"]), "tie_nats": TIE_NATS}
+    return {**record, **agreement(mean, record["influence"], record["tie_nats"])}
 
 
 def json_record(record: dict) -> dict:

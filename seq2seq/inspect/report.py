@@ -18,7 +18,6 @@ from seq2seq.drawing import map_stats, plotting
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.inspect import explorer
-from seq2seq.inspect.influence import TIE_NATS
 from seq2seq.inspect.interventions import Spec, parse_spec
 from seq2seq.inspect.records import json_record, sentence_records
 
@@ -224,7 +223,7 @@ def format_table(record: dict, maps: list[dict]) -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
     block per map, one line per target position. With the record's influence, also the
     source token the map's row attends to most, the one whose occlusion lowers the row's
-    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.TIE_NATS``), and whether
+    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.tie_nats``), and whether
     they are the same position ("tie" where tied; the mean line: how often, of the rows
     that are not)."""
     tokens, src = record["tgt_tokens"], record["src_tokens"]
@@ -258,7 +257,8 @@ def format_table(record: dict, maps: list[dict]) -> str:
     if tied is not None:
         lines.append(
             f"same: of the {decisive} rows whose most influential token leads the next by "
-            f"{TIE_NATS} nats or more (bf16 and fp32 move a drop by up to that much); "
+            f"{record['tie_nats']} nats or more (rounding in the map's precision moves a drop "
+            "by less); "
             f"{same.count('tie')} rows are ties"
         )
     return "\n".join(lines)

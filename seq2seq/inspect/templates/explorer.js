@@ -227,8 +227,8 @@ window.onerror = function (message) {
     const i = currentRow(r), f = r.influence;
     box.dataset.agree = sameText(f.agree[i]);
     const verdict = f.agree[i] === null
-      ? el("span", "a tie: drops within " + f.tie_nats + " nats of each other, which bf16 and " +
-        "fp32 can order either way", "tie")
+      ? el("span", "a tie: drops within " + f.tie_nats + " nats of each other, which the " +
+        "map's precision can order either way", "tie")
       : el("span", f.agree[i] ? "the same position" : "not the same",
         f.agree[i] ? "agree" : "disagree");
     box.append("most attended (mean of every layer and head): ", el("b", r.src[f.attended[i]]),
