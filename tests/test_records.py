@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import tiny_run_dir
+from helpers import child_env, tiny_run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # experiments/ is run from the repository root
@@ -691,8 +691,9 @@ def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
         )
 
     parent = subprocess.run(
-        ["git", "rev-parse", f"{scale['since']}~1"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+        ["git", "rev-parse", f"{scale['since']}~1"],
+        cwd=REPO, capture_output=True, text=True, env=child_env(),
+    ).stdout.strip()  # fmt: skip
     if not parent:
         pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
     assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
