@@ -176,20 +176,16 @@ def stages(args: argparse.Namespace, scratch: Path) -> list[Stage]:
             train_deadline,
             read=lambda: {"metrics": training_summary(run)},
         ),
-        Stage(
-            "test BLEU greedy",
-            [*evaluate, "--device", device, "--beam", "1", "-o", str(scratch / "greedy.txt")],
-            60,
-            read=lambda: scores(scratch / "greedy.json"),
-            needs=["main job"],
-        ),
-        Stage(
-            "test BLEU beam 5",
-            [*evaluate, "--device", device, "--beam", "5", "-o", str(scratch / "beam5.txt")],
-            60,
-            read=lambda: scores(scratch / "beam5.json"),
-            needs=["main job"],
-        ),
+        *[
+            Stage(
+                f"test BLEU {name}",
+                [*evaluate, "--device", device, "--beam", beam, "-o", str(scratch / f"{file}.txt")],
+                60,
+                read=lambda file=file: scores(scratch / f"{file}.json"),
+                needs=["main job"],
+            )
+            for name, beam, file in (("greedy", "1", "greedy"), ("beam 5", "5", "beam5"))
+        ],
         Stage(
             "decoding GPU = CPU",
             [
