@@ -60,7 +60,6 @@ from seq2seq.training.compiling import (
     stopped,
     wants_compile,
 )
-from seq2seq.training.curves import update_run_curves
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
 from seq2seq.training.resume import budgets_of, resume_config
@@ -72,7 +71,7 @@ from seq2seq.training.state import (
     nothing_to_train,
     spent_budget,
 )
-from seq2seq.training.validation import save_attention_maps, validation_bleu, validation_loss
+from seq2seq.training.validation import ValidationSteps
 
 # ---------------------------------------------------------------------------------------
 # The run directory, then the trainer.
@@ -120,8 +119,9 @@ def train(
         return dataclasses.asdict(trainer.run())
 
 
-class Trainer:
-    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains."""
+class Trainer(ValidationSteps):
+    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains.
+    Validating, averaging and ending a run are its ``ValidationSteps`` (validation.py)."""
 
     def __init__(
         self,
@@ -247,13 +247,7 @@ class Trainer:
                 self.save()
             s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
             if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
-                if s.valid_step != s.step:
-                    self.validate(scheduled=False)  # the state the budget ended on is scored
-                if t.average_last >= 2:
-                    self.try_average()
-                if t.attention_sentences and self.runtime.main:
-                    self.save_attention(draw=True)  # the last state's maps, drawn
-                s.finished = True
+                self.finish()
             self.save()
         self.log.close()
         self.say(
@@ -435,90 +429,6 @@ class Trainer:
                 f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
             )
 
-    def validate(self, scheduled: bool = True) -> None:
-        """Validation loss and greedy BLEU; the best weights by BLEU become ``model.safetensors``.
-
-        Only scheduled validations (every epoch or ``validate_every`` steps) count toward
-        patience, so that a run stopped by a budget and resumed stops early exactly where
-        an uninterrupted run would.
-        """
-        s, t, runtime = self.state, self.config.train, self.runtime
-        began = time.monotonic()
-        self.model.eval()
-        loss = validation_loss(
-            self.model, self.data, self.config.data.max_tokens, runtime, self.dtype
-        )
-        bleu = validation_bleu(self.model, self.data, self.config, runtime, self.dtype)
-        s.valid_step = s.step
-        best = bleu > s.best_bleu
-        if best:
-            s.best_bleu, s.best_step = bleu, s.step
-        if scheduled and bleu > s.patience_best:
-            s.patience_best, s.bad_validations = bleu, 0
-        elif scheduled:
-            s.bad_validations += 1
-        if not runtime.main:  # every rank knows the scores; rank 0 writes
-            self.model.train()
-            return
-        self.replacing_weights()
-        if best:
-            metadata = {"step": s.step, "bleu": bleu}
-            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
-        checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
-        if t.attention_sentences:  # the weights now, the PNGs once at the end (see run)
-            self.save_attention(draw=False)
-        minutes = (time.monotonic() - self.started) / 60
-        ppl = math.exp(min(loss, 50))
-        values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
-        # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
-        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
-        self.log.log("valid", s.step, {**values, **timing})
-        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
-        self.say(
-            f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
-            f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
-        )
-        self.model.train()
-
-    def save_attention(self, draw: bool) -> None:
-        """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
-        only at the end of a run: drawing at every validation cost more than its BLEU."""
-        out_dir = self.run_dir / "attention" / f"step_{self.state.step}"
-        was_training = self.model.training
-        self.model.eval()
-        save_attention_maps(
-            self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw
-        )
-        self.model.train(was_training)
-
-    def try_average(self) -> None:
-        """Average the last ``average_last`` kept states; keep the average as the best model
-        when its validation BLEU beats the best single state's."""
-        s, t = self.state, self.config.train
-        barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
-        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
-        if len(kept) < 2:
-            return
-        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
-        self.model.eval()
-        bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
-        steps = [int(p.stem.removeprefix("step_")) for p in kept]
-        better = bleu > s.best_bleu
-        if better:  # every rank knows the scores, as in validate; rank 0 writes
-            s.best_bleu, s.best_step = bleu, s.step
-        if better and self.runtime.main:
-            self.replacing_weights()
-            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
-            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
-        self.model.load_state_dict(trained)
-        self.model.train()
-        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
-        self.say(
-            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
-            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
-        )
-
     def save(self) -> None:
         """The whole training state into ``last.safetensors``, with every rank's RNG: dropout
         masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
@@ -538,16 +448,6 @@ class Trainer:
     def saved_state(self) -> str:
         """What a run stopped now would resume from, in words."""
         return f"last saved: step {self.state.step}, in {self.run_dir / checkpoint.LAST_FILE}"
-
-    def replacing_weights(self) -> None:
-        """Called on rank 0 before it writes any weights: a resumed run's first write removes
-        ``seq2seq evaluate``'s scores, which were of the weights it replaces. Not sooner, so a
-        resume that fails before it has written keeps the scores of the weights it kept."""
-        if self.scores_stale:
-            self.scores_stale = False
-            removed = checkpoint.clear_scores(self.run_dir)
-            if removed:
-                self.say(f"removed {', '.join(removed)}: scores of the weights trained further")
 
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also
