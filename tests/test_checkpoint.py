@@ -22,7 +22,7 @@ from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import build_model
 from seq2seq.run import checkpoint
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # (B, S): ids + EOS, padded
 TGT = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])  # (B, T): BOS + ids, padded

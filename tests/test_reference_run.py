@@ -41,7 +41,7 @@ REFERENCES = {"reference_run.json": {}, "reference_run_dropout0.json": NO_DROPOU
 
 
 def record(run_dir: Path, **changes: object) -> dict:
-    from seq2seq.training.trainer import train
+    from seq2seq.training.entry import train
 
     config = tiny_config(
         train__max_steps=150,

@@ -28,7 +28,7 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.run import checkpoint
 from seq2seq.run.precision import autocast_dtype
 from seq2seq.run.runtime import Runtime, seed_ranks
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"

@@ -27,7 +27,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from test_robustness import TINY, env  # noqa: E402
 
 from seq2seq.config import load_config  # noqa: E402
-from seq2seq.training.trainer import train  # noqa: E402
+from seq2seq.training.entry import train  # noqa: E402
 
 
 def translate(run: Path, src: Path, out: Path, kill_after: float | None = None) -> dict:
