@@ -28,7 +28,7 @@ from seq2seq.config import Config, DataConfig, TrainConfig
 from seq2seq.data.corpora import load_corpus
 from seq2seq.run import checkpoint
 from seq2seq.run.runtime import usable_cpus
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 DPI = 80
 TEMPLATE = "README.template.md"

@@ -10,7 +10,7 @@ import torch
 
 from seq2seq.config import Config, DataConfig, ModelConfig, TrainConfig
 from seq2seq.model.transformer import Seq2Seq, build_model
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 V = 20  # vocabulary of the tiny models: 4 specials + 16 tokens
 # Each reads a tensor's values on the host, so on a GPU waits for the device: Python numbers

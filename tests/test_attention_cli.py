@@ -30,7 +30,7 @@ from seq2seq.inspect.report import (
     format_summary,
     selected_maps,
 )
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 from seq2seq.vocab import EOS_ID
 
 SENTENCE = "Ein Hund läuft über die Wiese."

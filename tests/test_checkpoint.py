@@ -22,7 +22,7 @@ from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import build_model
 from seq2seq.run import checkpoint
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # (B, S): ids + EOS, padded
 TGT = torch.tensor([[2, 11, 12, 13], [2, 14, 0, 0]])  # (B, T): BOS + ids, padded
@@ -79,7 +79,7 @@ def test_best_model_is_the_weights_of_the_best_validation(run_dir):
 
 
 def test_best_model_holds_the_weights_validated_best_not_the_last_ones(tmp_path, monkeypatch):
-    from seq2seq.training import trainer as train_module
+    from seq2seq.training import validation
 
     snapshots, scores = {}, iter([1.0, 9.0, 3.0])  # the second validation is the best
 
@@ -89,7 +89,7 @@ def test_best_model_holds_the_weights_validated_best_not_the_last_ones(tmp_path,
         }
         return next(scores)
 
-    monkeypatch.setattr(train_module, "validation_bleu", bleu)
+    monkeypatch.setattr(validation, "validation_bleu", bleu)
     state = train(tiny_config(train__max_steps=33), tmp_path / "run", progress=False)
     assert state["best_step"] == 22 and len(snapshots) == 3
     best, metadata = checkpoint.read_tensors(tmp_path / "run" / checkpoint.BEST_FILE)

@@ -275,7 +275,7 @@ class PageRun:
 
     def call(self, argv: list[str], where: str, train: bool = False) -> str:
         """``seq2seq ARGV`` in this process; with ``train``, the config is resolved and checked
-        (``seq2seq.training.trainer.train`` is where training would start)."""
+        (``seq2seq.training.entry.train`` is where training would start)."""
         given = {}
 
         def resolved(config, run_dir, **_):
@@ -283,7 +283,7 @@ class PageRun:
             return {"best_bleu": 0.0, "stop_reason": "max_steps"}
 
         patched = (
-            mock.patch("seq2seq.training.trainer.train", resolved)
+            mock.patch("seq2seq.training.entry.train", resolved)
             if train
             else contextlib.nullcontext()
         )

@@ -10,7 +10,7 @@ from test_train import tiny_config, train_losses
 
 from seq2seq.run import precision
 from seq2seq.run.precision import autocast_dtype
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 
 class TwoGpus:

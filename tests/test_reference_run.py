@@ -56,7 +56,7 @@ REFERENCES = {
 
 
 def record(run_dir: Path, **changes: object) -> dict:
-    from seq2seq.training.trainer import train
+    from seq2seq.training.entry import train
 
     settings = dict(
         train__max_steps=150, train__validate_every=50, train__precision="fp32", train__seed=7

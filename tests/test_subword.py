@@ -43,7 +43,7 @@ from seq2seq.data.subword import (
 )
 from seq2seq.data.tokenizer import JOINT_FILE, Tokenizer
 from seq2seq.run import checkpoint
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 MERGES = {"data__vocab_size": 400}  # the tiny runs' 308 pieces are characters: nothing to drop
 UNSEEN = "Ein Ölgemälde ☃ zeigt 日本 — naïve Grüße!"  # characters the sample never shows

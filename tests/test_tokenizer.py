@@ -10,7 +10,7 @@ from test_train import tiny_config
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.drawing.words import word_index
 from seq2seq.errors import Seq2SeqError
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"

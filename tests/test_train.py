@@ -28,7 +28,7 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.run import checkpoint
 from seq2seq.run.precision import autocast_dtype
 from seq2seq.run.runtime import Runtime, seed_ranks
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -532,9 +532,9 @@ def test_resume_from_the_command_line_keeps_every_budget_not_given(tmp_path, cap
 
 
 def test_a_budget_stops_final_validation_does_not_count_toward_patience(tmp_path, monkeypatch):
-    from seq2seq.training import trainer as train_module
+    from seq2seq.training import validation
 
-    monkeypatch.setattr(train_module, "validation_bleu", lambda *args: 5.0)  # never improves
+    monkeypatch.setattr(validation, "validation_bleu", lambda *args: 5.0)  # never improves
     # Epochs of 11 batches: validations at the ends of epochs 0 and 1, then a budget stop
     # at step 27 validates the state it ended on.
     state = train(
@@ -636,7 +636,8 @@ def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
         clock.now += 0.5
         return clock.now
 
-    monkeypatch.setattr("seq2seq.training.trainer.time", SimpleNamespace(monotonic=fake_time))
+    for module in ("trainer", "validation"):  # the trainer's clock, and its validation side's
+        monkeypatch.setattr(f"seq2seq.training.{module}.time", SimpleNamespace(monotonic=fake_time))
     schedule = inverse_sqrt(10)
     shares = {}
     for share in (0.5, 0.0):
@@ -734,11 +735,11 @@ def test_under_torchrun_each_rank_takes_its_local_gpu_and_an_explicit_one_is_ref
 def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(
     tmp_path, monkeypatch, average_bleu, kept
 ):
-    from seq2seq.training import trainer as train_module
+    from seq2seq.training import validation
 
     # validation BLEU at steps 10, 20 (the best single state), 30 and 40, then the average's
     scores = iter([1.0, 3.0, 2.0, 1.5, average_bleu])
-    monkeypatch.setattr(train_module, "validation_bleu", lambda *args, **kwargs: next(scores))
+    monkeypatch.setattr(validation, "validation_bleu", lambda *args, **kwargs: next(scores))
     run = tmp_path / "run"
     config = tiny_config(
         train__max_steps=40, train__validate_every=10, train__keep_last=3, train__average_last=3

@@ -13,8 +13,8 @@ from helpers import TINY_RUN
 
 import seq2seq
 from seq2seq.commands.cli import main
-from seq2seq.run import checkpoint
 from seq2seq.data import prepare
+from seq2seq.run import checkpoint
 from seq2seq.training.trainer import Trainer
 
 STEPS, STOP = 8, 3

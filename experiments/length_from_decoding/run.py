@@ -34,7 +34,7 @@ from seq2seq.data.batching import batches_of, collate
 from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, greedy_search, max_output_length
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.training.trainer import train
+from seq2seq.training.entry import train
 from seq2seq.vocab import EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

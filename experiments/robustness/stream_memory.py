@@ -28,7 +28,7 @@ from test_robustness import TINY, env  # noqa: E402
 
 from seq2seq.config import load_config  # noqa: E402
 from seq2seq.run.runlog import machine  # noqa: E402
-from seq2seq.training.trainer import train  # noqa: E402
+from seq2seq.training.entry import train  # noqa: E402
 
 
 def translate(run: Path, src: Path, out: Path, kill_after: float | None = None) -> dict:

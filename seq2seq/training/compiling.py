@@ -69,6 +69,19 @@ def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
     return call
 
 
+def fallback(error: BaseException, setting: object, step: int) -> str:
+    """What a compiled ``step`` that failed to compile means for the run, in the note that
+    says so: with ``train.compile: true`` the run ends in one line (this raises); with
+    ``auto`` it goes on eagerly, from this same step. A compile that worked and then stopped
+    (``stopped``) goes on eagerly either way."""
+    why = stopped(error)
+    if why:
+        return f"note: torch.compile stopped at step {step}: {why}; training eagerly from here"
+    if setting_of(setting) == "true":
+        raise failure(error) from None
+    return f"note: torch.compile failed here ({reason(error)}); training eagerly"
+
+
 def stopped(error: BaseException) -> str | None:
     """Why compiling stopped, when ``error`` is dynamo giving up on recompiling (compiling
     worked, then a guard failed at every step: the run can go on eagerly); else None."""

@@ -1,5 +1,7 @@
 """Training from a config file and ``--set`` overrides: what ``seq2seq train`` runs once it has
-parsed its flags, and what a notebook cell calls (``seq2seq.train``).
+parsed its flags, and what a notebook cell calls (``seq2seq.train``); and ``train``, which
+makes a run directory ready for a ``Config`` (locked, cleared, or resumed) and hands it to
+the ``Trainer``.
 
 In a notebook, ``resume=None`` (the default) resumes a run that has a checkpoint and starts
 one that has none, so the cell that started a run also continues it. The kernel's stop button
@@ -12,15 +14,20 @@ first checkpoint (while its data was prepared) starts afresh. The progress bar i
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from seq2seq.config import config_from_dict, given_values
+from seq2seq.config import Config, config_from_dict, given_values
+from seq2seq.fileio import remove_temporaries
 from seq2seq.run import checkpoint
 from seq2seq.run.runlog import say
-from seq2seq.training import trainer
-from seq2seq.training.resume import resume_config
+from seq2seq.run.runtime import barrier, setup_runtime
+from seq2seq.training.resume import budgets_of, resume_config
+from seq2seq.training.state import already_finished, nothing_to_train
+from seq2seq.training.trainer import Trainer
 
 
 def train_run(
@@ -47,6 +54,48 @@ def train_run(
         cfg, ignored = resume_config(out, given)
         if ignored:
             say(f"note: --resume keeps the run's recipe; ignored: {', '.join(ignored)}")
-    return trainer.train(
+    return train(
         cfg, out, resume=resume, overwrite=overwrite, tensorboard=tensorboard, progress=progress
     )
+
+
+def train(
+    config: Config,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    tensorboard: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
+
+    With ``resume``, the recipe comes from the run's saved config and only the budgets
+    (``resume.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
+    to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
+    scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
+    """
+    run_dir = Path(run_dir)
+    runtime = setup_runtime(
+        config.train.device, config.train.threads, config.train.attention_kernels
+    )
+    # a run stopped before its first checkpoint has nothing to resume: it starts afresh
+    unstarted = runtime.main and checkpoint.prepare_run_dir(run_dir, resume, overwrite)
+    barrier(runtime)
+    lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
+    with lock:
+        if runtime.main:
+            remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
+        if (overwrite or unstarted) and not resume and runtime.main:
+            checkpoint.clear_run_dir(run_dir)
+        if unstarted and not overwrite:
+            say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
+        if resume:
+            config, _ = resume_config(run_dir, budgets_of(config))  # the recipe may not change
+            finished = nothing_to_train(run_dir, config.train)
+            if finished:  # said before anything is written: the run stays as it was
+                if runtime.main:
+                    say(already_finished(run_dir, finished.stop_reason))
+                return dataclasses.asdict(finished)
+        trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
+        return dataclasses.asdict(trainer.run())

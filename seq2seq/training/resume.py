@@ -1,7 +1,7 @@
 """What a resumed run trains with: the recipe its ``config.yaml`` holds (model, data, seed,
 optimizer, schedule, loss) and, of what is given now, the budgets alone. ``seq2seq train
 --resume`` (``entry.train_run``) merges the values its command line gave, and says which
-recipe values it ignored; ``trainer.train(config, resume=True)`` the budgets of ``config``.
+recipe values it ignored; ``entry.train(config, resume=True)`` the budgets of ``config``.
 Both through ``resume_config``.
 """
 

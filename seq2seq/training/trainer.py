@@ -2,6 +2,8 @@
 
 Nothing here knows how the model works inside: it takes logits from ``model(src, tgt_in)``,
 computes the loss apart, and owns the schedule, clipping, validation, checkpoints and logs.
+``entry.train`` makes the run directory ready and builds the ``Trainer``; its counters are
+state.py's, and its validation side is validation.py's ``ValidationSteps``.
 The same code runs as one process or, under ``torchrun``, as several with
 DistributedDataParallel: every rank builds the same batch order, each takes its share of
 every batch, gradients are averaged, and only rank 0 writes files or prints.
@@ -14,9 +16,8 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -24,14 +25,15 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm  # a widget in a notebook with ipywidgets, else text
 
-from seq2seq.config import Config, TrainConfig, dropout_at, subword_alpha_at
+from seq2seq.config import Config, dropout_at, subword_alpha_at
 from seq2seq.data.batching import Batch, Prefetcher, TokenBatchSampler, collate
+from seq2seq.data.prepare import Prepared
 from seq2seq.data.store import PairStore
 from seq2seq.data.subword import SAMPLED_DIR, EpochSampler
 from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import Seq2SeqError
-from seq2seq.fileio import atomic_write_text, remove_temporaries
-from seq2seq.model.transformer import build_model
+from seq2seq.fileio import atomic_write_text
+from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.run import checkpoint
 from seq2seq.run.precision import (
     autocast,
@@ -44,158 +46,28 @@ from seq2seq.run.runtime import (
     Runtime,
     StopSignals,
     agree,
-    barrier,
     distributed,
     gather,
     main_first,
     peak_memory,
     seed_ranks,
-    setup_runtime,
 )
-from seq2seq.training.compiling import (
-    compile_errors,
-    compiled,
-    failure,
-    reason,
-    setting_of,
-    stopped,
-    wants_compile,
-)
-from seq2seq.training.curves import update_run_curves
+from seq2seq.training.compiling import compile_errors, compiled, fallback, wants_compile
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
-from seq2seq.training.resume import budgets_of, resume_config
-from seq2seq.training.validation import save_attention_maps, validation_bleu, validation_loss
+from seq2seq.training.state import (
+    TrainState,
+    already_finished,
+    describe_dropout,
+    describe_subwords,
+    spent_budget,
+)
+from seq2seq.training.validation import ValidationSteps
 
 
-@dataclass
-class TrainState:
-    """The loop's counters: saved with every checkpoint, restored by ``--resume``."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0
-    batch: int = 0  # batches of the current epoch already trained
-    best_bleu: float = -1.0  # best validation BLEU so far, and the step it was reached
-    best_step: int = 0
-    patience_best: float = -1.0  # best BLEU of the scheduled validations: what patience counts from
-    bad_validations: int = 0  # scheduled validations since patience_best improved
-    bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
-    valid_step: int = -1  # the step last validated
-    elapsed: float = 0.0  # seconds of training time, carried across resumes
-    finished: bool = False  # the end-of-run scoring and averaging are done
-    stop_reason: str | None = None
-
-    @classmethod
-    def from_saved(cls, counters: dict[str, Any]) -> TrainState:
-        known = {f.name for f in dataclasses.fields(cls)}
-        state = cls(**{k: v for k, v in counters.items() if k in known})
-        if "patience_best" not in counters:  # saved before patience had its own reference
-            state.patience_best = state.best_bleu
-        state.stop_reason = None
-        return state
-
-
-def describe_dropout(config: Config) -> str:
-    """The dropout schedule in force, in one line: among a run's first lines."""
-    full, early, (start, end) = (
-        config.model.dropout,
-        config.train.early_dropout,
-        config.train.dropout_epochs,
-    )
-    if early is None or early == full:
-        return f"dropout: {full:g} throughout"
-    return f"dropout: {early:g} until epoch {start:g}, then rising to {full:g} at epoch {end:g}"
-
-
-def describe_subwords(config: Config) -> str | None:
-    """Subword regularisation in one line, when it is on."""
-    alpha, (start, end) = config.data.subword_alpha, config.data.subword_epochs
-    if not alpha:
-        return None
-    if start == end:
-        return f"subwords: BPE-dropout {alpha:g} from epoch {start:g} (training pairs only)"
-    return (
-        f"subwords: the store's segmentation until epoch {start:g}, then BPE-dropout rising "
-        f"to {alpha:g} at epoch {end:g} (training pairs only)"
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# The run directory, then the trainer.
-
-
-def train(
-    config: Config,
-    run_dir: str | Path,
-    *,
-    resume: bool = False,
-    overwrite: bool = False,
-    tensorboard: bool = False,
-    progress: bool = True,
-) -> dict[str, Any]:
-    """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
-
-    With ``resume``, the recipe comes from the run's saved config and only the budgets
-    (``resume.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
-    to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
-    scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
-    """
-    run_dir = Path(run_dir)
-    runtime = setup_runtime(
-        config.train.device, config.train.threads, config.train.attention_kernels
-    )
-    # a run stopped before its first checkpoint has nothing to resume: it starts afresh
-    unstarted = runtime.main and checkpoint.prepare_run_dir(run_dir, resume, overwrite)
-    barrier(runtime)
-    lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
-    with lock:
-        if runtime.main:
-            remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
-        if (overwrite or unstarted) and not resume and runtime.main:
-            checkpoint.clear_run_dir(run_dir)
-        if unstarted and not overwrite:
-            say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
-        if resume:
-            config, _ = resume_config(run_dir, budgets_of(config))  # the recipe may not change
-            finished = nothing_to_train(run_dir, config.train)
-            if finished:  # said before anything is written: the run stays as it was
-                if runtime.main:
-                    say(already_finished(run_dir, finished.stop_reason))
-                return dataclasses.asdict(finished)
-        trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
-        return dataclasses.asdict(trainer.run())
-
-
-def nothing_to_train(run_dir: Path, t: TrainConfig) -> TrainState | None:
-    """The saved state of a finished run that the budgets ``t`` end where it is, its stop
-    reason set; None when there is training left. Read from ``last.safetensors`` alone."""
-    s = TrainState.from_saved(checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1])
-    if not s.finished:
-        return None
-    clock = f"max_time {t.max_time:g} min" if t.max_time and s.elapsed >= t.max_time * 60 else None
-    epochs = f"max_epochs {t.max_epochs}" if s.epoch >= t.max_epochs else None
-    s.stop_reason = spent_budget(s, t) or clock or epochs
-    return s if s.stop_reason else None
-
-
-def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
-    """The budget the counters say is spent (patience, then steps): the same on every rank."""
-    if s.bad_validations >= t.patience:
-        return f"no BLEU improvement in {t.patience} validations"
-    if t.max_steps is not None and s.step >= t.max_steps:
-        return f"max_steps {t.max_steps}"
-    return None
-
-
-def already_finished(run_dir: Path, reason: str) -> str:
-    return (
-        f"the run in {run_dir} is already finished ({reason}); nothing to do "
-        "(a larger budget on the command line trains it further)"
-    )
-
-
-class Trainer:
-    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains."""
+class Trainer(ValidationSteps):
+    """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains.
+    Validating, averaging and ending a run are its ``ValidationSteps`` (validation.py)."""
 
     def __init__(
         self,
@@ -206,51 +78,23 @@ class Trainer:
         tensorboard: bool,
         progress: bool,
     ) -> None:
-        t, device = config.train, runtime.device
         self.config, self.run_dir, self.runtime, self.progress = config, run_dir, runtime, progress
-        torch.manual_seed(t.seed)
-        self.data = prepare_data(config, run_dir, runtime, resume)
-        config.model.src_vocab_size = self.data.tokenizer.src_vocab_size
-        config.model.tgt_vocab_size = self.data.tokenizer.tgt_vocab_size
-        self.dtype = autocast_dtype(t.precision, device)
-        set_matmul_precision(t.precision, device)
-        if runtime.main:
-            checkpoint.save_config(run_dir, config)
-            atomic_write_text(
-                run_dir / "data_summary.json", json.dumps(self.data.summary, indent=2)
-            )
-        self.model = build_model(config.model).to(device)
-        seed_ranks(t.seed, runtime)  # the same initial weights, each rank its own dropout
-        self.optimizer = build_optimizer(self.model, config)
-        self.schedule = inverse_sqrt(t.warmup_steps)
-        self.state = TrainState()
-        if resume:
-            counters = checkpoint.load_training_state(
-                run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, runtime.rank
-            )
-            self.state = TrainState.from_saved(counters)
+        self.resumed = resume
+        # seq2seq evaluate's scores, kept until the weights they scored are first replaced
+        self.scores_stale = resume and runtime.main
+        torch.manual_seed(config.train.seed)
+        self.data = self._prepare_data()
+        self.dtype = autocast_dtype(config.train.precision, runtime.device)
+        set_matmul_precision(config.train.precision, runtime.device)
+        self._save_recipe()
+        self.model, self.optimizer, self.schedule = self._build_model()
+        self.state = self._restore()
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
             write_environment(run_dir, runtime, self.dtype, self.state.step)
-        self.ddp = distributed(self.model, runtime)
-        # What the training step calls: the (DDP-wrapped) model, compiled if train.compile
-        # says so; compile errors surface at the first call, caught in train_epoch.
-        self.forward, self.compile_errors = self.ddp, ()
-        if wants_compile(t.compile, device):
-            self.forward, self.compile_errors = compiled(self.ddp), compile_errors()
+        self.ddp, self.forward, self.compile_errors = self._forward()
         self.use_pairs(self.data.train)
-        self.subwords = None  # the epochs' sampled segmentations, when data.subword_alpha is set
-        if config.data.subword_alpha:  # rank 0 samples into RUN/subword, every rank reads it
-            self.subwords = EpochSampler(
-                self.data.train,
-                Tokenizer.model_files(run_dir),
-                lambda epoch: subword_alpha_at(config, epoch),
-                t.seed,
-                config.data.max_len,
-                run_dir / SAMPLED_DIR,
-            )
-        self.log = MetricsLog(
-            run_dir, runtime.main, tensorboard, self.state.step if resume else None
-        )
+        self.subwords = self._subword_sampler()
+        self.log = self._open_logs(tensorboard)
         self.signals = StopSignals(self.say)  # a second signal says what was last saved
         if resume:
             self.signals.saved = self.saved_state()
@@ -258,16 +102,77 @@ class Trainer:
         self.started = time.monotonic() - self.state.elapsed
         self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
-        self.resumed = resume
-        # seq2seq evaluate's scores, kept until the weights they scored are first replaced
-        self.scores_stale = resume and runtime.main
-        self.say(self.describe(resume))
-        self.say(config.train.budgets())
-        self.say(describe_dropout(config))
-        if describe_subwords(config):
-            self.say(describe_subwords(config))
+        self._introduce()
 
-    def describe(self, resume: bool) -> str:
+    def _prepare_data(self) -> Prepared:
+        """The run's data (prepare.py); the model config takes its vocabulary sizes."""
+        data = prepare_data(self.config, self.run_dir, self.runtime, self.resumed)
+        self.config.model.src_vocab_size = data.tokenizer.src_vocab_size
+        self.config.model.tgt_vocab_size = data.tokenizer.tgt_vocab_size
+        return data
+
+    def _save_recipe(self) -> None:
+        """Rank 0 writes the config, vocabulary sizes included, and the data's summary."""
+        if self.runtime.main:
+            checkpoint.save_config(self.run_dir, self.config)
+            summary = json.dumps(self.data.summary, indent=2)
+            atomic_write_text(self.run_dir / "data_summary.json", summary)
+
+    def _build_model(self) -> tuple[Seq2Seq, torch.optim.Adam, Callable[[int], float]]:
+        """The model on its device, its optimizer and its learning-rate schedule."""
+        t = self.config.train
+        model = build_model(self.config.model).to(self.runtime.device)
+        seed_ranks(t.seed, self.runtime)  # the same initial weights, each rank its own dropout
+        return model, build_optimizer(model, self.config), inverse_sqrt(t.warmup_steps)
+
+    def _restore(self) -> TrainState:
+        """Fresh counters; or, resuming, those of ``last.safetensors``, whose model and
+        optimizer states are loaded."""
+        if not self.resumed:
+            return TrainState()
+        counters = checkpoint.load_training_state(
+            self.run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, self.runtime.rank
+        )
+        return TrainState.from_saved(counters)
+
+    def _forward(self) -> tuple[nn.Module, Callable, tuple[type[BaseException], ...]]:
+        """The (DDP-wrapped) model; what the training step calls, that model compiled if
+        ``train.compile`` says so; and the compile errors, which surface at the first call
+        and which train_epoch catches (none when eager)."""
+        ddp = distributed(self.model, self.runtime)
+        if wants_compile(self.config.train.compile, self.runtime.device):
+            return ddp, compiled(ddp), compile_errors()
+        return ddp, ddp, ()
+
+    def _subword_sampler(self) -> EpochSampler | None:
+        """The epochs' sampled segmentations, when ``data.subword_alpha`` is set: rank 0
+        samples into RUN/subword, every rank reads it."""
+        config = self.config
+        if not config.data.subword_alpha:
+            return None
+        return EpochSampler(
+            self.data.train,
+            Tokenizer.model_files(self.run_dir),
+            lambda epoch: subword_alpha_at(config, epoch),
+            config.train.seed,
+            config.data.max_len,
+            self.run_dir / SAMPLED_DIR,
+        )
+
+    def _open_logs(self, tensorboard: bool) -> MetricsLog:
+        """``metrics.jsonl`` (and TensorBoard's files); resuming, cut back to the state."""
+        resume_step = self.state.step if self.resumed else None
+        return MetricsLog(self.run_dir, self.runtime.main, tensorboard, resume_step)
+
+    def _introduce(self) -> None:
+        """The run's first lines: what trains on what, its budgets and its schedules."""
+        self.say(self.describe())
+        self.say(self.config.train.budgets())
+        self.say(describe_dropout(self.config))
+        if describe_subwords(self.config):
+            self.say(describe_subwords(self.config))
+
+    def describe(self) -> str:
         summary, n_params = self.data.summary, sum(p.numel() for p in self.model.parameters())
         return (
             f"{summary['source']}: "
@@ -278,7 +183,7 @@ class Trainer:
             + f"; a step takes {self.batches_per_step()} batch(es) of up to "
             + f"{self.config.data.max_tokens} tokens"
             + ("; torch.compile" if self.compile_errors else "")
-            + (f"; resuming at step {self.state.step}" if resume else "")
+            + (f"; resuming at step {self.state.step}" if self.resumed else "")
         )
 
     def use_pairs(self, pairs: PairStore) -> None:
@@ -321,13 +226,7 @@ class Trainer:
                 self.save()
             s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
             if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
-                if s.valid_step != s.step:
-                    self.validate(scheduled=False)  # the state the budget ended on is scored
-                if t.average_last >= 2:
-                    self.try_average()
-                if t.attention_sentences and self.runtime.main:
-                    self.save_attention(draw=True)  # the last state's maps, drawn
-                s.finished = True
+                self.finish()
             self.save()
         self.log.close()
         self.say(
@@ -453,19 +352,9 @@ class Trainer:
     def uncompile(
         self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
     ) -> tuple[float, int]:
-        """A compiled step failed to compile: with ``train.compile: true`` that ends the run
-        in one line; with ``auto`` the run goes on eagerly, from this same step. A compile
-        that worked and then stopped (``stopped``) goes on eagerly either way, and says so."""
-        why = stopped(error)
-        if why:
-            self.say(
-                f"note: torch.compile stopped at step {self.state.step + 1}: {why}; "
-                "training eagerly from here"
-            )
-        elif setting_of(self.config.train.compile) == "true":
-            raise failure(error) from None
-        else:
-            self.say(f"note: torch.compile failed here ({reason(error)}); training eagerly")
+        """A compiled step failed to compile: the run ends, or says so and goes on eagerly
+        from this same step, as ``compiling.fallback`` rules."""
+        self.say(fallback(error, self.config.train.compile, self.state.step + 1))
         self.forward, self.compile_errors = self.ddp, ()
         return self.train_step(group, mine)
 
@@ -509,90 +398,6 @@ class Trainer:
                 f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
             )
 
-    def validate(self, scheduled: bool = True) -> None:
-        """Validation loss and greedy BLEU; the best weights by BLEU become ``model.safetensors``.
-
-        Only scheduled validations (every epoch or ``validate_every`` steps) count toward
-        patience, so that a run stopped by a budget and resumed stops early exactly where
-        an uninterrupted run would.
-        """
-        s, t, runtime = self.state, self.config.train, self.runtime
-        began = time.monotonic()
-        self.model.eval()
-        loss = validation_loss(
-            self.model, self.data, self.config.data.max_tokens, runtime, self.dtype
-        )
-        bleu = validation_bleu(self.model, self.data, self.config, runtime, self.dtype)
-        s.valid_step = s.step
-        best = bleu > s.best_bleu
-        if best:
-            s.best_bleu, s.best_step = bleu, s.step
-        if scheduled and bleu > s.patience_best:
-            s.patience_best, s.bad_validations = bleu, 0
-        elif scheduled:
-            s.bad_validations += 1
-        if not runtime.main:  # every rank knows the scores; rank 0 writes
-            self.model.train()
-            return
-        self.replacing_weights()
-        if best:
-            metadata = {"step": s.step, "bleu": bleu}
-            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
-        checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
-        if t.attention_sentences:  # the weights now, the PNGs once at the end (see run)
-            self.save_attention(draw=False)
-        minutes = (time.monotonic() - self.started) / 60
-        ppl = math.exp(min(loss, 50))
-        values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
-        # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
-        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
-        self.log.log("valid", s.step, {**values, **timing})
-        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
-        self.say(
-            f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
-            f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
-        )
-        self.model.train()
-
-    def save_attention(self, draw: bool) -> None:
-        """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
-        only at the end of a run: drawing at every validation cost more than its BLEU."""
-        out_dir = self.run_dir / "attention" / f"step_{self.state.step}"
-        was_training = self.model.training
-        self.model.eval()
-        save_attention_maps(
-            self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw
-        )
-        self.model.train(was_training)
-
-    def try_average(self) -> None:
-        """Average the last ``average_last`` kept states; keep the average as the best model
-        when its validation BLEU beats the best single state's."""
-        s, t = self.state, self.config.train
-        barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
-        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
-        if len(kept) < 2:
-            return
-        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
-        self.model.eval()
-        bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
-        steps = [int(p.stem.removeprefix("step_")) for p in kept]
-        better = bleu > s.best_bleu
-        if better:  # every rank knows the scores, as in validate; rank 0 writes
-            s.best_bleu, s.best_step = bleu, s.step
-        if better and self.runtime.main:
-            self.replacing_weights()
-            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
-            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
-        self.model.load_state_dict(trained)
-        self.model.train()
-        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
-        self.say(
-            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
-            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
-        )
-
     def save(self) -> None:
         """The whole training state into ``last.safetensors``, with every rank's RNG: dropout
         masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
@@ -612,16 +417,6 @@ class Trainer:
     def saved_state(self) -> str:
         """What a run stopped now would resume from, in words."""
         return f"last saved: step {self.state.step}, in {self.run_dir / checkpoint.LAST_FILE}"
-
-    def replacing_weights(self) -> None:
-        """Called on rank 0 before it writes any weights: a resumed run's first write removes
-        ``seq2seq evaluate``'s scores, which were of the weights it replaces. Not sooner, so a
-        resume that fails before it has written keeps the scores of the weights it kept."""
-        if self.scores_stale:
-            self.scores_stale = False
-            removed = checkpoint.clear_scores(self.run_dir)
-            if removed:
-                self.say(f"removed {', '.join(removed)}: scores of the weights trained further")
 
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also

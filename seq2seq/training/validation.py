@@ -1,8 +1,14 @@
-"""Validation during training: loss, greedy BLEU, and the cross-attention of a few sentences."""
+"""Validation during training: loss, greedy BLEU, and the cross-attention of a few sentences;
+then the trainer's validation side (``ValidationSteps``): what a validation and the end of a run
+record, and the weights they keep.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import sacrebleu
@@ -15,9 +21,13 @@ from seq2seq.data.prepare import Prepared
 from seq2seq.decoding.evaluate import bleu_tokenize
 from seq2seq.decoding.translate import translate_ids
 from seq2seq.model.transformer import Seq2Seq
+from seq2seq.run import checkpoint
 from seq2seq.run.precision import autocast
-from seq2seq.run.runtime import Runtime, gather, total
+from seq2seq.run.runlog import MetricsLog
+from seq2seq.run.runtime import Runtime, barrier, gather, total
+from seq2seq.training.curves import update_run_curves
 from seq2seq.training.optim import sequence_loss
+from seq2seq.training.state import TrainState
 from seq2seq.vocab import EOS_ID
 
 
@@ -93,3 +103,130 @@ def save_attention_maps(
             stop_reason=hyp.stop_reason,
             extra={"source": data.valid_sources[i]},
         )
+
+
+# ---------------------------------------------------------------------------------------
+# The trainer's validation side.
+
+
+class ValidationSteps:
+    """What ``Trainer`` does when it validates, averages and ends a run: it inherits these
+    steps, which read the trainer's attributes named here and write the run's weights."""
+
+    config: Config
+    run_dir: Path
+    runtime: Runtime
+    data: Prepared
+    model: Seq2Seq
+    dtype: torch.dtype | None
+    state: TrainState
+    log: MetricsLog
+    started: float  # the monotonic clock's reading when training began, less earlier segments
+    scores_stale: bool  # seq2seq evaluate's scores are of weights not yet replaced
+    say: Callable[[str], None]
+
+    def finish(self) -> None:
+        """The end of a run that a budget stopped (on every rank): the state it ended on
+        validated, the last kept states averaged, the last state's attention maps drawn."""
+        s, t = self.state, self.config.train
+        if s.valid_step != s.step:
+            self.validate(scheduled=False)  # the state the budget ended on is scored
+        if t.average_last >= 2:
+            self.try_average()
+        if t.attention_sentences and self.runtime.main:
+            self.save_attention(draw=True)  # the last state's maps, drawn
+        s.finished = True
+
+    def validate(self, scheduled: bool = True) -> None:
+        """Validation loss and greedy BLEU; the best weights by BLEU become ``model.safetensors``.
+
+        Only scheduled validations (every epoch or ``validate_every`` steps) count toward
+        patience, so that a run stopped by a budget and resumed stops early exactly where
+        an uninterrupted run would.
+        """
+        s, t, runtime = self.state, self.config.train, self.runtime
+        began = time.monotonic()
+        self.model.eval()
+        loss = validation_loss(
+            self.model, self.data, self.config.data.max_tokens, runtime, self.dtype
+        )
+        bleu = validation_bleu(self.model, self.data, self.config, runtime, self.dtype)
+        s.valid_step = s.step
+        best = bleu > s.best_bleu
+        if best:
+            s.best_bleu, s.best_step = bleu, s.step
+        if scheduled and bleu > s.patience_best:
+            s.patience_best, s.bad_validations = bleu, 0
+        elif scheduled:
+            s.bad_validations += 1
+        if not runtime.main:  # every rank knows the scores; rank 0 writes
+            self.model.train()
+            return
+        self.replacing_weights()
+        if best:
+            metadata = {"step": s.step, "bleu": bleu}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
+        if t.attention_sentences:  # the weights now, the PNGs once at the end (see finish)
+            self.save_attention(draw=False)
+        minutes = (time.monotonic() - self.started) / 60
+        ppl = math.exp(min(loss, 50))
+        values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
+        # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
+        timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
+        self.log.log("valid", s.step, {**values, **timing})
+        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
+        self.say(
+            f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
+            f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
+        )
+        self.model.train()
+
+    def save_attention(self, draw: bool) -> None:
+        """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
+        only at the end of a run: drawing at every validation cost more than its BLEU."""
+        out_dir = self.run_dir / "attention" / f"step_{self.state.step}"
+        was_training = self.model.training
+        self.model.eval()
+        save_attention_maps(
+            self.model, self.data, self.config, out_dir, self.runtime.device, draw=draw
+        )
+        self.model.train(was_training)
+
+    def try_average(self) -> None:
+        """Average the last ``average_last`` kept states; keep the average as the best model
+        when its validation BLEU beats the best single state's."""
+        s, t = self.state, self.config.train
+        barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
+        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
+        if len(kept) < 2:
+            return
+        trained = {k: v.clone() for k, v in self.model.state_dict().items()}
+        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
+        self.model.eval()
+        bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
+        steps = [int(p.stem.removeprefix("step_")) for p in kept]
+        better = bleu > s.best_bleu
+        if better:  # every rank knows the scores, as in validate; rank 0 writes
+            s.best_bleu, s.best_step = bleu, s.step
+        if better and self.runtime.main:
+            self.replacing_weights()
+            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
+            checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
+        self.model.load_state_dict(trained)
+        self.model.train()
+        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
+        self.say(
+            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
+            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
+        )
+
+    def replacing_weights(self) -> None:
+        """Called on rank 0 before it writes any weights: a resumed run's first write removes
+        ``seq2seq evaluate``'s scores, which were of the weights it replaces. Not sooner, so a
+        resume that fails before it has written keeps the scores of the weights it kept."""
+        if self.scores_stale:
+            self.scores_stale = False
+            removed = checkpoint.clear_scores(self.run_dir)
+            if removed:
+                self.say(f"removed {', '.join(removed)}: scores of the weights trained further")

@@ -1,0 +1,101 @@
+"""The trainer's counters and its budgets: ``TrainState``, saved with every checkpoint; which
+budget a run has spent; and the one-line descriptions of its dropout and subword schedules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seq2seq.config import Config, TrainConfig
+from seq2seq.run import checkpoint
+
+
+@dataclass
+class TrainState:
+    """The loop's counters: saved with every checkpoint, restored by ``--resume``."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0
+    batch: int = 0  # batches of the current epoch already trained
+    best_bleu: float = -1.0  # best validation BLEU so far, and the step it was reached
+    best_step: int = 0
+    patience_best: float = -1.0  # best BLEU of the scheduled validations: what patience counts from
+    bad_validations: int = 0  # scheduled validations since patience_best improved
+    bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
+    valid_step: int = -1  # the step last validated
+    elapsed: float = 0.0  # seconds of training time, carried across resumes
+    finished: bool = False  # the end-of-run scoring and averaging are done
+    stop_reason: str | None = None
+
+    @classmethod
+    def from_saved(cls, counters: dict[str, Any]) -> TrainState:
+        known = {f.name for f in dataclasses.fields(cls)}
+        state = cls(**{k: v for k, v in counters.items() if k in known})
+        if "patience_best" not in counters:  # saved before patience had its own reference
+            state.patience_best = state.best_bleu
+        state.stop_reason = None
+        return state
+
+
+# ---------------------------------------------------------------------------------------
+# The budgets.
+
+
+def nothing_to_train(run_dir: Path, t: TrainConfig) -> TrainState | None:
+    """The saved state of a finished run that the budgets ``t`` end where it is, its stop
+    reason set; None when there is training left. Read from ``last.safetensors`` alone."""
+    s = TrainState.from_saved(checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1])
+    if not s.finished:
+        return None
+    clock = f"max_time {t.max_time:g} min" if t.max_time and s.elapsed >= t.max_time * 60 else None
+    epochs = f"max_epochs {t.max_epochs}" if s.epoch >= t.max_epochs else None
+    s.stop_reason = spent_budget(s, t) or clock or epochs
+    return s if s.stop_reason else None
+
+
+def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
+    """The budget the counters say is spent (patience, then steps): the same on every rank."""
+    if s.bad_validations >= t.patience:
+        return f"no BLEU improvement in {t.patience} validations"
+    if t.max_steps is not None and s.step >= t.max_steps:
+        return f"max_steps {t.max_steps}"
+    return None
+
+
+def already_finished(run_dir: Path, reason: str) -> str:
+    return (
+        f"the run in {run_dir} is already finished ({reason}); nothing to do "
+        "(a larger budget on the command line trains it further)"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# The schedules, one line each.
+
+
+def describe_dropout(config: Config) -> str:
+    """The dropout schedule in force, in one line: among a run's first lines."""
+    full, early, (start, end) = (
+        config.model.dropout,
+        config.train.early_dropout,
+        config.train.dropout_epochs,
+    )
+    if early is None or early == full:
+        return f"dropout: {full:g} throughout"
+    return f"dropout: {early:g} until epoch {start:g}, then rising to {full:g} at epoch {end:g}"
+
+
+def describe_subwords(config: Config) -> str | None:
+    """Subword regularisation in one line, when it is on."""
+    alpha, (start, end) = config.data.subword_alpha, config.data.subword_epochs
+    if not alpha:
+        return None
+    if start == end:
+        return f"subwords: BPE-dropout {alpha:g} from epoch {start:g} (training pairs only)"
+    return (
+        f"subwords: the store's segmentation until epoch {start:g}, then BPE-dropout rising "
+        f"to {alpha:g} at epoch {end:g} (training pairs only)"
+    )
