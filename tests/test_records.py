@@ -682,7 +682,7 @@ def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
     from experiments.records.compare import load_numerics, trainer_of_run
 
     numerics = load_numerics(RESULTS)
-    [scale] = [e for e in numerics if e.get("precision") == "bf16 autocast"]
+    scale = next(e for e in numerics if e.get("since", "") and e["since"].startswith("15bbc8d"))
     before = next(e for e in numerics if e["trainer"] == "16-bit dropout masks")["trainer"]
 
     def trainer(commit: str, precision: str) -> str:
