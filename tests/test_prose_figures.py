@@ -86,6 +86,8 @@ def suite_time() -> list[str]:
     assert re.fullmatch(r".*\d+ passed.* in [\d.]+s \(\d+:\d\d:\d\d\)", summary), summary
     seconds = round(float(re.search(r" in ([\d.]+)s \(", summary).group(1)))
     commit = re.search(r"fresh clone of commit (\w+)", text).group(1)
+    # the versions a fresh install picked, which the suite passed with
+    assert re.search(r"^# versions: pytest \S+, pytest-xdist \S+, torch \S+$", text, re.M), text
     return [f"{seconds // 60} min", f"{seconds % 60} s", commit]
 
 
