@@ -169,15 +169,22 @@ def test_agreement_compares_the_row_argmaxes_and_calls_a_near_tie_a_tie():
     assert agreement(attention, influence, tie=near / 2)["agree"] == [True, False, False]
 
 
+def greedy_outputs(model, tokenizer):
+    """Each of SENTENCES, its source ids and greedy search's output as influence scores it
+    (with the EOS it stopped at)."""
+    for sentence in SENTENCES:
+        src = source(tokenizer, sentence)
+        hyp = greedy_search(model, src)[0]
+        tgt = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+        yield sentence, src, tgt
+
+
 def test_bf16_influence_picks_the_fp32_columns_in_every_row_that_is_not_a_tie(tmp_path_factory):
     """TIE_NATS is the spread bf16 puts on influence: under bf16 autocast, a row decided in
     fp32 names the same most influential column, and no drop moves by the threshold."""
     _, tokenizer, model = load_run(explorer_run_dir(tmp_path_factory))  # trained 300 steps
     rows = 0
-    for sentence in SENTENCES:
-        src = source(tokenizer, sentence)
-        hyp = greedy_search(model, src)[0]
-        tgt = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+    for sentence, src, tgt in greedy_outputs(model, tokenizer):
         fp32 = occlude(model, src, tgt).influence
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = occlude(model, src, tgt).influence
@@ -198,10 +205,7 @@ def test_fp32_influence_picks_the_float64_columns_in_every_row_that_is_not_a_tie
     _, tokenizer, model = load_run(explorer_run_dir(tmp_path_factory))
     wide = copy.deepcopy(model).double()
     rows = 0
-    for sentence in SENTENCES:
-        src = source(tokenizer, sentence)
-        hyp = greedy_search(model, src)[0]
-        tgt = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+    for sentence, src, tgt in greedy_outputs(model, tokenizer):
         fp32 = occlude(model, src, tgt).influence
         fp64 = occlude(wide, src, tgt).influence
         assert fp64.dtype == torch.float64 and (fp32 - fp64).abs().max() < TIE_NATS_FP32
