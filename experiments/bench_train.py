@@ -310,12 +310,11 @@ KINDS = {
 
 
 def ops_per_step(trainee: Trainee, batch: Batch) -> int:
-    """Operators dispatched by one training step (torch.profiler's CPU events, on any
-    device): a measure of kernel launches that a CPU can take, where a GPU step that is
-    launch-bound spends its time."""
+    """Operators dispatched by one training step of a warmed-up ``trainee`` (torch.profiler's
+    CPU events, on any device): a measure of kernel launches that a CPU can take, where a GPU
+    step that is launch-bound spends its time."""
     from torch.profiler import ProfilerActivity, profile
 
-    trainee.step(batch)  # warm: lazy initialisation is not the step
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainee.step(batch)
     return sum(e.count for e in prof.key_averages() if not e.key.startswith("ProfilerStep"))
@@ -385,7 +384,9 @@ def write_record(
         "threads": torch.get_num_threads(),
         "precision": "bf16"
         if dtype
-        else getattr(args, "precision", "fp32").replace("auto", "fp32"),
+        else "tf32"
+        if getattr(args, "precision", "") == "tf32"
+        else "fp32",
         **fields,
         "quick": args.quick,
     }
@@ -522,7 +523,7 @@ def main() -> None:
             trainee.step(batch)
         trainee.warmup_seconds = time.perf_counter() - start
         print(f"warm-up {trainee.name}: {trainee.warmup_seconds:.1f} s", file=sys.stderr)
-    for trainee in trainees:
+    for trainee in trainees:  # each warmed up above
         trainee.ops = ops_per_step(trainee, batches[0])
     timed = batches[args.warmup :]
     step_flops = [flops.training_step(b) for b in timed]

@@ -62,38 +62,32 @@ class Stage:
 
 def run_stage(stage: Stage, left: float) -> dict:
     """``stage`` in a child process, cut at its deadline or at the check's time ``left``."""
+    from seq2seq.data.subword import worker_env  # this checkout first on PYTHONPATH
+
     deadline = max(1, int(min(stage.deadline, left)))
     began = time.monotonic()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
     try:
         done = subprocess.run(
             stage.command,
             cwd=REPO,
-            env=env,
+            env=worker_env(os.environ),
             capture_output=True,
             text=True,
             timeout=deadline,
         )
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else e.stdout or ""
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else e.stderr or ""
-        return {
-            "status": "timed out",
-            "deadline_s": deadline,
-            "seconds": round(time.monotonic() - began, 1),
-            "tail": (out + err).strip().splitlines()[-8:],
-        }
+        status = "passed" if done.returncode == 0 else "failed"
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as e:  # what it printed until then
+        status, rc = "timed out", None
+        out, err = (_text(s) for s in (e.stdout, e.stderr))
     result = {
-        "status": "passed" if done.returncode == 0 else "failed",
-        "rc": done.returncode,
+        "status": status,
+        **({} if rc is None else {"rc": rc}),
         "deadline_s": deadline,
         "seconds": round(time.monotonic() - began, 1),
-        "tail": (done.stdout + done.stderr).strip().splitlines()[-8:],
+        "tail": (out + err).strip().splitlines()[-8:],
     }
-    if done.returncode == 0 and stage.read is not None:
+    if status == "passed" and stage.read is not None:
         try:
             result.update(stage.read())
         except (OSError, ValueError, KeyError) as e:
@@ -102,10 +96,14 @@ def run_stage(stage: Stage, left: float) -> dict:
     return result
 
 
-def environment(device: str) -> dict:
-    """The machine, the accelerator, and the attention kernels the runtime turns on."""
-    import torch
+def _text(output: bytes | str | None) -> str:
+    """A timed-out child's output so far: bytes on POSIX, whatever ``text=True`` asked for."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
+
+def environment(device: str) -> dict:
+    """The machine (versions included), the accelerator, and the attention kernels the runtime
+    turns on."""
     from seq2seq.run.runlog import accelerator, machine
     from seq2seq.run.runtime import setup_runtime
 
@@ -114,8 +112,6 @@ def environment(device: str) -> dict:
         **machine(),
         "device": str(runtime.device),
         **accelerator(runtime.device),
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
     }
 
 

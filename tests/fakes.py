@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.cuda._utils import _get_device_index
 
-SDPA_FLAGS = ("flash", "mem_efficient", "math", "cudnn")
+from seq2seq.run.runtime import sdpa_kernels_on
 
 
 @dataclass
@@ -37,11 +37,7 @@ class FakeCuda:
         monkeypatch.setattr(dist, "init_process_group", self.init_process_group)
         # attention_kernels turns SDPA's kernels on and off for the process: restore_sdpa
         # puts them back
-        self.sdpa = {
-            flag: getattr(torch.backends.cuda, f"{flag}_sdp_enabled")()
-            for flag in SDPA_FLAGS
-            if hasattr(torch.backends.cuda, f"{flag}_sdp_enabled")
-        }
+        self.sdpa = sdpa_kernels_on()
         return self
 
     def restore_sdpa(self) -> None:

@@ -19,7 +19,6 @@ import contextlib
 
 import torch
 
-PRECISIONS = ("auto", "bf16", "tf32", "fp32")
 CUDA_AUTO = "tf32"  # what auto means on CUDA, from the measurement named above
 
 
