@@ -239,6 +239,9 @@ def training_summary(run: Path) -> dict:
         "median_tokens_per_s": rates[len(rates) // 2] if rates else None,
         "cuda_peak_mb": max((r.get("cuda_peak_mb", 0) for r in rows), default=None),
         "peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in rows), default=None),
+        "precision": json.loads((run / "environment.json").read_text())["segments"][-1][
+            "precision"
+        ],
     }
 
 
@@ -311,7 +314,8 @@ def main() -> int:
         )
         return 2
     began = time.monotonic()
-    record: dict = {"dry_run_on_cpu": args.cpu, "stages": {}}
+    minutes = None if args.cpu else args.train_minutes  # a dry run trains a step budget
+    record: dict = {"dry_run_on_cpu": args.cpu, "train_minutes": minutes, "stages": {}}
 
     def write() -> None:
         record["seconds"] = round(time.monotonic() - began, 1)
