@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # mkstemp creates files 0600; the files we publish (figures, reports, checkpoints) are
@@ -71,14 +72,21 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def remove_temporaries(directory: str | Path, names: Iterable[str]) -> list[Path]:
-    """Delete the temporary files ``atomic_path`` left beside ``names`` when a process died
-    mid-write (the published files themselves are never touched); returns what it removed."""
-    directory = Path(directory)
+def published_name(name: str) -> str | None:
+    """The file that ``name`` is ``atomic_path``'s temporary for (``.last-k3j_9x2a.safetensors``
+    is on its way to ``last.safetensors``), or None when it is no such temporary."""
+    match = re.fullmatch(r"\.(.+)-[a-z0-9_]{8}(\.[^.]+)?", name)  # mkstemp's 8 random letters
+    return match[1] + (match[2] or "") if match else None
+
+
+def remove_temporaries(directory: str | Path, wanted: Callable[[str], bool]) -> list[Path]:
+    """Delete the temporary files ``atomic_path`` left in ``directory`` when a process died
+    mid-write to a file whose name ``wanted`` accepts (the published files themselves are
+    never touched); returns what it removed."""
     removed = []
-    for name in names:
-        target = Path(name)
-        for tmp in directory.glob(f".{target.stem}-*{target.suffix}"):
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
+    for path in sorted(Path(directory).iterdir()):
+        published = published_name(path.name)
+        if published and wanted(published) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
     return removed

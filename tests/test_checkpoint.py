@@ -21,7 +21,7 @@ from seq2seq.commands.cli import main
 from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import build_model
-from seq2seq.run import checkpoint
+from seq2seq.run import checkpoint, rundir
 from seq2seq.training.entry import train
 
 SRC = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])  # (B, S): ids + EOS, padded
@@ -209,8 +209,7 @@ def test_overwrite_leaves_nothing_the_old_run_or_its_commands_wrote(tmp_path, ca
     assert main(["average", str(run), "--last", "1", "-o", str(run / "newest.safetensors")]) == 0
     for weights in (run, run / "averaged.safetensors", run / "checkpoints" / "step_4.safetensors"):
         assert main(["evaluate", str(weights), "--split", "validation", "--no-progress"]) == 0
-    (run / "notes.txt").write_text("mine")
-    old = [p for p in run.rglob("*") if p.is_file() and p.name not in (".lock", "notes.txt")]
+    old = [p for p in run.rglob("*") if p.is_file() and p.name not in (".lock", rundir.MARKER)]
     assert {"averaged.safetensors", "newest.safetensors", "hyps.validation.en.txt"} <= {
         p.name for p in old
     }
@@ -220,7 +219,6 @@ def test_overwrite_leaves_nothing_the_old_run_or_its_commands_wrote(tmp_path, ca
     assert main(["train", "--out", str(run), "--overwrite", "--no-progress", *overrides]) == 0
     survivors = [p for p in run.rglob("*") if p.is_file() and p.stat().st_mtime == 0]
     assert survivors == []
-    assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
 
 
 def _truncate(path: Path) -> None:

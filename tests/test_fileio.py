@@ -1,6 +1,8 @@
 """Atomic writes: the destination is the old file or the whole new one, and no temp is left."""
 
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -40,9 +42,15 @@ def test_failure_keeps_the_old_file_and_removes_the_temp(tmp_path):
 def test_remove_temporaries_deletes_only_what_a_killed_write_left(tmp_path):
     from seq2seq.fileio import remove_temporaries
 
-    kept = ["last.safetensors", ".lock", "metrics.jsonl", ".other-x.safetensors"]
-    for name in [*kept, ".last-k2j3h4.safetensors", ".config-abc.yaml"]:
+    kept = ["last.safetensors", ".lock", "metrics.jsonl", ".other-k2j3h4x9.safetensors"]
+    for name in kept:
         (tmp_path / name).write_bytes(b"x")
-    removed = remove_temporaries(tmp_path, ["last.safetensors", "config.yaml", "metrics.jsonl"])
-    assert sorted(p.name for p in removed) == [".config-abc.yaml", ".last-k2j3h4.safetensors"]
+    # the temporaries atomic_path makes on the way to these two, as a kill leaves them
+    left = [
+        Path(tempfile.mkstemp(dir=tmp_path, prefix=f".{stem}-", suffix=suffix)[1]).name
+        for stem, suffix in (("last", ".safetensors"), ("config", ".yaml"))
+    ]
+    wanted = {"last.safetensors", "config.yaml", "metrics.jsonl"}.__contains__
+    removed = remove_temporaries(tmp_path, wanted)
+    assert sorted(p.name for p in removed) == sorted(left)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)

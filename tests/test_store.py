@@ -88,6 +88,18 @@ def test_an_error_mid_write_publishes_nothing_and_the_old_store_is_no_longer_tru
     assert sorted(os.listdir(tmp_path)) == []  # no array, no temporary, no old manifest
 
 
+def test_a_new_store_removes_only_the_files_a_store_is_made_of(tmp_path):
+    write_store(tmp_path, *random_pairs(20, 100), 100)
+    (tmp_path / "mine.txt").write_text("a corpus of mine")
+    (tmp_path / ".src_ids-k3j_9x2a.bin").write_bytes(b"left by a killed writer")
+    src, tgt = random_pairs(5, 100, seed=1)
+    write_store(tmp_path, src, tgt, 100)
+    assert (tmp_path / "mine.txt").read_text() == "a corpus of mine"
+    assert not (tmp_path / ".src_ids-k3j_9x2a.bin").exists()
+    store = PairStore(tmp_path, read_manifest(tmp_path)["dtype"])
+    assert [x.tolist() for x in store.pairs(range(5))[0]] == src
+
+
 def tamper(name: str, how: str):
     def apply(directory: Path) -> None:
         path = directory / name

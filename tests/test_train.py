@@ -231,16 +231,21 @@ def test_validation_line_and_attention_maps(tmp_path, capsys):
 def test_refuses_to_overwrite_a_run_and_overwrite_starts_afresh(tmp_path):
     run = tmp_path / "run"
     train(tiny_config(train__max_steps=2), run, progress=False)
-    with pytest.raises(Seq2SeqError, match="already holds a run; use --resume"):
+    with pytest.raises(Seq2SeqError, match="already holds a run; use resume=True"):
         train(tiny_config(train__max_steps=2), run, progress=False)
     (run / "attention" / "step_999").mkdir(parents=True)  # as if the old run had drawn maps
+    (run / "attention" / "step_999" / "sentence_0.json").write_text("{}")
     (run / "notes.txt").write_text("mine")
+    before = sorted(run.rglob("*"))
+    with pytest.raises(Seq2SeqError, match="holds notes.txt, which no run wrote, and overwrite="):
+        train(tiny_config(train__max_steps=1), run, overwrite=True, progress=False)
+    assert sorted(run.rglob("*")) == before  # refused before anything was removed
+    (run / "notes.txt").unlink()
 
     state = train(tiny_config(train__max_steps=1), run, overwrite=True, progress=False)
     assert state["step"] == 1
     assert [r["step"] for r in read_metrics(run, "train")] == [1]  # not appended to the old log
     assert not (run / "attention").exists()
-    assert (run / "notes.txt").read_text() == "mine"  # only the run's own files are removed
 
     with pytest.raises(Seq2SeqError, match="cannot resume"):
         train(tiny_config(), tmp_path / "missing", resume=True, progress=False)

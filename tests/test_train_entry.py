@@ -4,8 +4,11 @@ the cell again resumes it to the weights an uninterrupted run reaches; a run sto
 its first checkpoint started afresh by the same cell or command; a second stop at once;
 training from a thread."""
 
+import json
+import shutil
 import signal
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +17,10 @@ from helpers import TINY_RUN
 import seq2seq
 from seq2seq.commands.cli import main
 from seq2seq.data import prepare
-from seq2seq.run import checkpoint
+from seq2seq.run import checkpoint, rundir
 from seq2seq.training.trainer import Trainer
 
+REPO = Path(__file__).resolve().parents[1]
 STEPS, STOP = 8, 3
 TINY = [
     *TINY_RUN,
@@ -146,24 +150,112 @@ def test_an_error_while_preparing_leaves_a_run_that_the_same_cell_starts_afresh(
         with pytest.raises(seq2seq.Seq2SeqError, match="a bad corpus"):
             cell()
     assert (tmp_path / "cell" / "spm.model").is_file()
+    with pytest.raises(seq2seq.Seq2SeqError, match="call seq2seq.train again without resume=True"):
+        seq2seq.train(tmp_path / "cell", overrides=TINY, resume=True, progress=False)
     (tmp_path / "cell" / "spm.model").write_bytes(b"stale")  # the next run makes its own
     state = cell()  # the corpus mended, the cell run again
     assert state["step"] == STEPS
     assert "starting it afresh" in capsys.readouterr().err
 
 
-def test_a_run_with_weights_or_files_of_its_owners_is_never_started_afresh(tmp_path):
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder``, hidden ones too, with a file's bytes (None: a folder)."""
+    return {
+        p.relative_to(folder).as_posix(): None if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def a_users_folder(folder: Path) -> Path:
+    """``folder`` as a user keeps one: their corpus in data/, their config, their notes."""
+    shutil.copytree(REPO / "data" / "sample", folder / "data")
+    (folder / "config.yaml").write_text("# mine\ntrain:\n  lr: 0.002\n", encoding="utf-8")
+    (folder / "notes.txt").write_text("mine", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"], ["--resume"]])
+def test_a_users_corpus_and_config_in_the_out_folder_are_refused_and_left_as_they_were(
+    tmp_path, capsys, flags
+):
+    exp = a_users_folder(tmp_path / "exp")
+    before = tree(exp)
+    mine = ["--config", str(exp / "config.yaml"), "--data", str(exp / "data"), *flags]
+    assert command(exp, *mine) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    if flags == ["--resume"]:
+        assert f"cannot resume: {exp / checkpoint.LAST_FILE} does not exist" in err
+    else:
+        assert "config.yaml, data/, notes.txt; nothing in it was changed" in err
+    assert tree(exp) == before  # not even a lock file was left
+
+
+@pytest.mark.parametrize("flags", [[], ["--overwrite"]])
+def test_out_dot_in_a_project_folder_is_refused_and_left_as_it_was(
+    tmp_path, monkeypatch, capsys, flags
+):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.txt").write_text("my corpus", encoding="utf-8")
+    before = tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert command(".", *flags) == 2
+    assert "already holds files and is not a seq2seq run" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+def test_a_runs_own_directory_refuses_by_name_what_no_run_wrote(tmp_path, monkeypatch, capsys):
     run = tmp_path / "run"
-    (run / "data").mkdir(parents=True)
-    (run / "config.yaml").write_text("")
-    (run / ".spm-x1y2.model").write_text("")  # a temporary of a process killed mid-write
-    assert checkpoint.never_checkpointed(run)
-    for other in ("model.safetensors", "notes.txt", checkpoint.KEPT_DIR):
-        (run / other).mkdir()
-        assert not checkpoint.never_checkpointed(run), other
-        with pytest.raises(seq2seq.Seq2SeqError, match="already holds a run"):
-            checkpoint.prepare_run_dir(run, resume=False, overwrite=False)
-        (run / other).rmdir()
+    with monkeypatch.context() as patch:  # stopped while preparing: the run's, no weights
+        patch.setattr(prepare, "_write_store", lambda *a: signal.raise_signal(signal.SIGINT))
+        assert command(run) == 130
+    assert (run / rundir.MARKER).is_file() and rundir.foreign_entries(run) == []
+    for mine in ("notes.txt", "data/mine.txt", "subword/mine.txt", ".ipynb_checkpoints/x"):
+        (run / mine).parent.mkdir(exist_ok=True)
+        (run / mine).write_text("mine")
+        before = tree(run)
+        for flags in ([], ["--overwrite"]):
+            assert command(run, *flags) == 2
+            err = capsys.readouterr().err
+            assert f"{run} holds {mine.split('/x')[0] + '/' * mine.endswith('/x')}" in err, err
+            assert "which no run wrote" in err and tree(run) == before
+        (run / mine).unlink()
+        if mine.startswith("."):  # a folder of no run's, left empty
+            (run / mine).parent.rmdir()
+    assert command(run) == 0  # nothing of anyone else's left: started afresh
+    assert "starting it afresh" in capsys.readouterr().err
+    assert command(run) == 2
+    assert "already holds a run; use --resume to continue it" in capsys.readouterr().err
+
+
+def test_a_run_from_before_the_marker_resumes_and_is_overwritten_only_when_all_its_own(
+    tmp_path, capsys
+):
+    run = tmp_path / "run"
+    assert command(run, "--set", "train.max_steps=2") == 0
+    (run / rundir.MARKER).unlink()  # as an earlier version wrote it
+    assert command(run, "--set", "train.max_steps=3", "--resume") == 0
+    assert "resuming at step 2" in capsys.readouterr().err
+    assert json.loads((run / rundir.MARKER).read_text())["note"].startswith("resumed a run")
+    (run / rundir.MARKER).unlink()
+    (run / "notes.txt").write_text("mine")
+    assert command(run, "--overwrite") == 2
+    assert "holds notes.txt, which no run wrote" in capsys.readouterr().err
+    (run / "notes.txt").unlink()
+    assert command(run, "--overwrite") == 0
+    (run / rundir.MARKER).unlink()
+    (run / checkpoint.LAST_FILE).unlink()  # weights and no training state: not provably a run
+    for flags in ([], ["--overwrite"]):
+        assert command(run, *flags) == 2
+        assert "is not a seq2seq run" in capsys.readouterr().err
+
+
+def test_refusals_name_the_python_arguments_to_a_python_caller(tmp_path):
+    seq2seq.train(tmp_path / "run", overrides=[*TINY, "train.max_steps=1"], progress=False)
+    with pytest.raises(
+        seq2seq.Seq2SeqError, match="use resume=True to continue it or overwrite=True"
+    ):
+        seq2seq.train(tmp_path / "run", overrides=TINY, resume=False, progress=False)
 
 
 def test_training_from_a_thread_runs_and_says_that_signals_cannot_stop_it(tmp_path, capsys):

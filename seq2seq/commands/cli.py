@@ -217,6 +217,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    from seq2seq.run.rundir import FLAGS
     from seq2seq.run.runtime import leave_process_group
     from seq2seq.training.entry import train_run
 
@@ -237,6 +238,7 @@ def _run_train(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         tensorboard=args.tensorboard,
         progress=not args.no_progress,
+        words=FLAGS,
     )
     leave_process_group()  # under torchrun: every rank leaves together, then exits
     return 0 if state["best_bleu"] >= 0 or state["stop_reason"].startswith("signal") else 1

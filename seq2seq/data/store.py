@@ -24,14 +24,13 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from seq2seq.fileio import atomic_path, atomic_write_text
+from seq2seq.fileio import atomic_path, atomic_write_text, published_name
 
 MANIFEST = "manifest.json"
 FORMAT = 1  # of the arrays and of the manifest's fields on them: a store of another is rebuilt
@@ -117,18 +116,32 @@ class PairWriter:
 @contextlib.contextmanager
 def write_pairs(directory: Path, dtype: np.dtype) -> Iterator[PairWriter]:
     """A writer of a new store in ``directory``, whose arrays appear (renamed from
-    temporary files) only when the block ends without an error. Whatever the directory
-    held goes first, its manifest before anything else; the caller writes the new
-    manifest (``write_manifest``) after the block."""
-    (directory / MANIFEST).unlink(missing_ok=True)
-    shutil.rmtree(directory, ignore_errors=True)  # arrays or temporaries of an earlier store
-    directory.mkdir(parents=True)
+    temporary files) only when the block ends without an error. An earlier store there
+    goes first (``remove_store``); the caller writes the new manifest (``write_manifest``)
+    after the block."""
+    remove_store(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         files = {}
         for name in _FILES:
             tmp = stack.enter_context(atomic_path(directory / name))
             files[name] = stack.enter_context(open(tmp, "wb"))  # closed before its rename
         yield PairWriter(files, dtype)
+
+
+def remove_store(directory: Path) -> None:
+    """Remove the store in ``directory``, its manifest first, then its arrays and the
+    temporaries of their writing, then the folder if that left it empty: only the files a
+    store is made of go, whatever else the folder holds."""
+    (directory / MANIFEST).unlink(missing_ok=True)
+    if not directory.is_dir() or directory.is_symlink():
+        return
+    for path in directory.iterdir():
+        name = published_name(path.name) or path.name
+        if name in (MANIFEST, *_FILES) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # not empty: what is left is not the store's
+        directory.rmdir()
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:

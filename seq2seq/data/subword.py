@@ -23,7 +23,6 @@ import argparse
 import heapq
 import os
 import random
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -32,7 +31,14 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
-from seq2seq.data.store import SIDES, PairStore, read_manifest, write_manifest, write_pairs
+from seq2seq.data.store import (
+    SIDES,
+    PairStore,
+    read_manifest,
+    remove_store,
+    write_manifest,
+    write_pairs,
+)
 from seq2seq.errors import Seq2SeqError
 
 SAMPLED_DIR = "subword"  # RUN/subword/epoch_N: the sampled stores, the current and the next
@@ -246,13 +252,13 @@ class EpochSampler:
         worker = self.workers.pop(epoch)
         worker.kill()
         worker.communicate()
-        shutil.rmtree(self._epoch_dir(epoch), ignore_errors=True)
+        remove_store(self._epoch_dir(epoch))
 
     def _remove_all_but(self, *epochs: int) -> None:
         keep = {self._epoch_dir(e).name for e in epochs}
         for path in self.directory.glob("epoch_*"):
             if path.name not in keep:
-                shutil.rmtree(path, ignore_errors=True)
+                remove_store(path)
 
     def __enter__(self) -> EpochSampler:
         return self

@@ -1,4 +1,4 @@
-"""The run directory: what it holds, who may write it, and saving and loading it safely.
+"""The run directory's files: what it holds, and saving and loading them safely.
 
 A run directory holds ``config.yaml`` (the resolved config), the SentencePiece model(s),
 ``model.safetensors`` (best weights by validation BLEU), ``last.safetensors`` (the whole
@@ -7,21 +7,18 @@ counters as JSON in the safetensors metadata) and, with ``train.keep_last``, the
 the last validated states under ``checkpoints/``. Each file is written to a temporary file
 and renamed, so a kill at any moment leaves the previous good file in place, and one file
 per state means the parts of a state can never come from two different steps. Nothing is
-ever unpickled. One trainer at a time holds a directory's lock.
+ever unpickled. Whose a directory is, and what a run may remove from it: ``rundir``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import re
-import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import filelock
 import torch
 import yaml
 from safetensors import SafetensorError, safe_open
@@ -38,118 +35,6 @@ BEST_FILE = "model.safetensors"
 LAST_FILE = "last.safetensors"
 AVERAGED_FILE = "averaged.safetensors"  # what `seq2seq average` writes by default
 KEPT_DIR = "checkpoints"  # the last validated states' weights, step_N.safetensors
-
-# What a run writes; --overwrite removes these (and nothing else) so that no file of the
-# old run (metrics, a best model, attention maps, scored hypotheses) survives into the new one.
-RUN_FILES = (
-    CONFIG_FILE,
-    BEST_FILE,
-    LAST_FILE,
-    AVERAGED_FILE,
-    "metrics.jsonl",
-    "data_summary.json",
-    "environment.json",
-    "train.log",
-    "curves.png",
-    "spm.model",
-    "spm_src.model",
-    "spm_tgt.model",
-)
-SCORES_GLOB = "hyps.*"  # `seq2seq evaluate`'s hypotheses and scores
-# `seq2seq average -o NAME.safetensors`, kept in the run because a weights file loads with its
-# run's config and tokenizer: never the new run's.
-WEIGHTS_GLOB = "*.safetensors"
-RUN_DIRS = ("attention", "tensorboard", "data", "subword", KEPT_DIR)  # data: the tokenized
-# corpus; subword: its sampled segmentations (seq2seq.data.subword)
-
-# ---------------------------------------------------------------------------------------
-# The run directory: refuse to clobber, lock against a second trainer.
-
-
-class RunLock:
-    """An exclusive lock on ``run_dir/.lock`` (``filelock``: flock on POSIX, msvcrt on
-    Windows), released by the operating system if the holder dies; it holds the holder's pid."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = run_dir / ".lock"
-        self.lock = filelock.FileLock(self.path, timeout=0)
-
-    def __enter__(self) -> RunLock:
-        try:
-            self.lock.acquire()
-        except filelock.Timeout:
-            try:
-                holder = self.path.read_text().strip() or "unknown"
-            except OSError:
-                holder = "unknown"
-            raise Seq2SeqError(
-                f"{self.path.parent} is in use by another training process (pid {holder})"
-            ) from None
-        with contextlib.suppress(OSError):  # a lock that cannot name its holder still locks
-            self.path.write_text(str(os.getpid()))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
-
-
-def prepare_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> bool:
-    """Fail at start, with one line, if the directory cannot or must not be written. True
-    when it holds a run that stopped before its first checkpoint (interrupted or failed while
-    preparing): with nothing to resume, the same command or cell starts it afresh."""
-    occupied = run_dir.exists() and any(p.name != ".lock" for p in run_dir.iterdir())
-    unstarted = occupied and never_checkpointed(run_dir)
-    if resume and not (run_dir / LAST_FILE).is_file():
-        if unstarted:
-            raise Seq2SeqError(
-                f"cannot resume: {run_dir} stopped before its first checkpoint; "
-                "run the same command without --resume to start it afresh"
-            )
-        raise Seq2SeqError(f"cannot resume: {run_dir / LAST_FILE} does not exist")
-    if not resume and occupied and not overwrite and not unstarted:
-        raise Seq2SeqError(
-            f"{run_dir} already holds a run; use --resume to continue it or --overwrite to replace it"
-        )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_bytes(b"0" * 4096)
-        probe.unlink()
-    except OSError as e:
-        raise Seq2SeqError(f"cannot write to {run_dir}: {e.strerror or e}") from None
-    return unstarted and not resume
-
-
-def never_checkpointed(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds only what a run writes before its first checkpoint (config,
-    tokenizer, prepared data, logs; hidden: the lock, temporaries): no weights, nothing else."""
-    before_weights = {*RUN_FILES, *RUN_DIRS} - {KEPT_DIR}
-    return all(
-        path.name.startswith(".") or (path.name in before_weights and path.suffix != ".safetensors")
-        for path in run_dir.iterdir()
-    )
-
-
-def clear_run_dir(run_dir: Path) -> None:
-    """Remove what an earlier run wrote into ``run_dir`` (``--overwrite``)."""
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    clear_scores(run_dir)
-    for path in run_dir.glob(WEIGHTS_GLOB):
-        path.unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-
-
-def clear_scores(run_dir: Path) -> list[str]:
-    """Remove ``seq2seq evaluate``'s hypotheses and scores from ``run_dir`` (``--overwrite``,
-    and a resume that trains further: the weights they scored are being replaced); returns
-    the names removed."""
-    removed = sorted(run_dir.glob(SCORES_GLOB))
-    for path in removed:
-        path.unlink(missing_ok=True)
-    return [path.name for path in removed]
-
 
 # ---------------------------------------------------------------------------------------
 # Tensors in safetensors files.
@@ -245,8 +130,19 @@ def save_model(model: nn.Module, path: Path, metadata: dict[str, Any]) -> None:
     write_tensors(path, unique_state(model), metadata)
 
 
-def _is_training_state(tensors: dict[str, Tensor], metadata: dict[str, Any]) -> bool:
-    return "rng.torch" in tensors and "optim_param_groups" in metadata
+def _is_training_state(names: Iterable[str], metadata: dict[str, Any]) -> bool:
+    return "rng.torch" in names and "optim_param_groups" in metadata
+
+
+def holds_training_state(path: Path) -> bool:
+    """Whether ``path`` is a training state this package wrote (read from its header alone)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            metadata = json.loads((f.metadata() or {}).get("seq2seq", "{}"))
+    except (SafetensorError, OSError, ValueError, RuntimeError):
+        return False
+    return isinstance(metadata, dict) and _is_training_state(names, metadata)
 
 
 def load_model(model: nn.Module, path: Path) -> dict[str, Any]:

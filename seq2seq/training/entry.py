@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from seq2seq.config import Config, config_from_dict, given_values
-from seq2seq.fileio import remove_temporaries
-from seq2seq.run import checkpoint
+from seq2seq.run import checkpoint, rundir
 from seq2seq.run.runlog import say
 from seq2seq.run.runtime import barrier, setup_runtime
 from seq2seq.training.resume import budgets_of, resume_config
@@ -39,23 +38,34 @@ def train_run(
     overwrite: bool = False,
     tensorboard: bool = False,
     progress: bool = True,
+    words: rundir.Words = rundir.ARGUMENTS,
 ) -> dict[str, Any]:
     """Train the YAML ``config`` (None: the defaults) with ``overrides`` such as
     ``"train.lr=5e-4"`` (``--set``'s) into ``out``; returns the final counters (best BLEU,
     step, stop reason). ``resume``: True continues the run in ``out`` (its recipe, the
     budgets given here), False starts one, None resumes where ``out`` holds a checkpoint
-    (and ``overwrite`` is not asked). Bad input raises ``Seq2SeqError``."""
+    (and ``overwrite`` is not asked). Bad input raises ``Seq2SeqError``, whose message
+    names these arguments, or the command line's flags when ``words`` says so."""
     out = Path(out)
     if resume is None:
         resume = not overwrite and (out / checkpoint.LAST_FILE).is_file()
     given = given_values(config, list(overrides))
     cfg = config_from_dict(given)  # checks every value given, on resume too
-    if resume and (out / checkpoint.CONFIG_FILE).is_file():
+    # the run's recipe, once a training state says the directory holds a run
+    if resume and all(
+        (out / name).is_file() for name in (checkpoint.LAST_FILE, checkpoint.CONFIG_FILE)
+    ):
         cfg, ignored = resume_config(out, given)
         if ignored:
-            say(f"note: --resume keeps the run's recipe; ignored: {', '.join(ignored)}")
+            say(f"note: {words.resume} keeps the run's recipe; ignored: {', '.join(ignored)}")
     return train(
-        cfg, out, resume=resume, overwrite=overwrite, tensorboard=tensorboard, progress=progress
+        cfg,
+        out,
+        resume=resume,
+        overwrite=overwrite,
+        tensorboard=tensorboard,
+        progress=progress,
+        words=words,
     )
 
 
@@ -67,6 +77,7 @@ def train(
     overwrite: bool = False,
     tensorboard: bool = False,
     progress: bool = True,
+    words: rundir.Words = rundir.ARGUMENTS,
 ) -> dict[str, Any]:
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
 
@@ -79,16 +90,12 @@ def train(
     runtime = setup_runtime(
         config.train.device, config.train.threads, config.train.attention_kernels
     )
-    # a run stopped before its first checkpoint has nothing to resume: it starts afresh
-    unstarted = runtime.main and checkpoint.prepare_run_dir(run_dir, resume, overwrite)
-    barrier(runtime)
-    lock = checkpoint.RunLock(run_dir) if runtime.main else contextlib.nullcontext()
-    with lock:
-        if runtime.main:
-            remove_temporaries(run_dir, checkpoint.RUN_FILES)  # left by a process killed mid-write
-        if (overwrite or unstarted) and not resume and runtime.main:
-            checkpoint.clear_run_dir(run_dir)
-        if unstarted and not overwrite:
+    # rank 0 holds the directory; a run of ours stopped before its first checkpoint has
+    # nothing to resume, and starts afresh
+    held = rundir.claimed(run_dir, resume, overwrite, words) if runtime.main else None
+    with held or contextlib.nullcontext(False) as afresh:
+        barrier(runtime)
+        if afresh:
             say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
         if resume:
             config, _ = resume_config(run_dir, budgets_of(config))  # the recipe may not change

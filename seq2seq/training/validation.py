@@ -21,7 +21,7 @@ from seq2seq.data.prepare import Prepared
 from seq2seq.decoding.evaluate import bleu_tokenize
 from seq2seq.decoding.translate import translate_ids
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run import checkpoint
+from seq2seq.run import checkpoint, rundir
 from seq2seq.run.precision import autocast
 from seq2seq.run.runlog import MetricsLog
 from seq2seq.run.runtime import Runtime, barrier, gather, total
@@ -227,6 +227,6 @@ class ValidationSteps:
         resume that fails before it has written keeps the scores of the weights it kept."""
         if self.scores_stale:
             self.scores_stale = False
-            removed = checkpoint.clear_scores(self.run_dir)
+            removed = rundir.clear_scores(self.run_dir)
             if removed:
                 self.say(f"removed {', '.join(removed)}: scores of the weights trained further")
