@@ -9,6 +9,10 @@ and residuals; attention and FFN-inner dropout as in our config), tied embedding
 output, a causal mask plus key padding masks; with and without ``enable_nested_tensor``
 (which PyTorch only uses for post-norm layers at inference, so both should tie).
 
+With ``--muon``, our model trained by Muon (``train.optimizer muon``: Newton–Schulz on the
+layers' matrices, Adam for the rest) joins as a contestant, a copy with the same initial
+weights: what its step costs over Adam's is the seconds a step the clock judges it by.
+
 With ``--compile``, ``torch.compile`` (inductor) joins as more contestants, each a copy of
 the eager model with the same initial weights: the whole model with dynamic shapes, each
 encoder and decoder layer compiled on its own (the embeddings, masks, output layer and
@@ -27,6 +31,7 @@ them a record that ``python -m experiments.records render`` turns into a speed t
     python experiments/bench_train.py --run runs/de-en --json bench_train.json
     python experiments/bench_train.py --compile --threads 1 --json bench_compile_1.json
     python experiments/bench_train.py --quick          # seconds: proves the script runs
+    python experiments/bench_train.py --muon --threads 1 --json bench_muon_1.json
     python experiments/bench_train.py --profile 12 --threads 2   # where our step's time goes
 """
 
@@ -68,7 +73,7 @@ from seq2seq.run.precision import (  # noqa: E402
 )
 from seq2seq.run.runlog import accelerator, machine  # noqa: E402
 from seq2seq.run.runtime import setup_runtime  # noqa: E402
-from seq2seq.training.trainer import build_optimizer, sequence_loss  # noqa: E402
+from seq2seq.training.optim import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
 SPEEDUP_GOAL = 1.3  # ours over the best eager nn.Transformer set-up, in tokens/s
@@ -440,6 +445,9 @@ def main() -> None:
         help="untimed steps of each compiled set-up: enough shapes that it stops recompiling",
     )
     parser.add_argument(
+        "--muon", action="store_true", help="add our model trained by Muon (train.optimizer)"
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny model, few steps: proves the script runs"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -496,6 +504,10 @@ def main() -> None:
         reference = trainees[2].model  # nested off, tgt padding mask on, in the same precision
         for name, model, bucket in compiled_contestants(ours, reference, args.compiled):
             trainees.append(Trainee(name, model, config, dtype, bucket))
+    if args.muon:
+        muon = copy.deepcopy(config)
+        muon.train.optimizer = "muon"
+        trainees.append(Trainee("seq2seq, Muon", copy.deepcopy(ours), muon, dtype))
     n_ours = count(ours.parameters())
     for trainee in trainees[1:]:  # the same architecture, so the same parameter count
         assert count(trainee.model.parameters()) == n_ours, (
@@ -590,6 +602,11 @@ def main() -> None:
             f"best compiled seq2seq ({best['model']}) / eager: {gain:.2f}x"
             + (" -- compile wins" if gain > 1.0 else " -- eager stays")
         )
+
+    muon = [r for r in results if r["model"] == "seq2seq, Muon"]
+    if muon:
+        cost = muon[0]["ms_per_step"] / results[0]["ms_per_step"]
+        print(f"seq2seq, Muon / Adam: {cost:.2f}x the seconds a step")
 
     if args.json:
         fields = {

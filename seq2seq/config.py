@@ -79,6 +79,16 @@ class TrainConfig:
     warmup_steps: int = 400  # ~2 epochs of Multi30k at 2048 tokens
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = 0.0
+    # "adam" for every parameter, or "muon": Muon (orthogonalised momentum; Jordan et al. 2024)
+    # for the layers' weight matrices, each packed block (Q | K | V) alone, and Adam for the
+    # embeddings, the output layer, the norms and the biases; both on the one schedule.
+    optimizer: str = "adam"
+    # Muon's peak learning rate (None = train.lr). "match_rms_adamw" scales each matrix's
+    # update to Adam's typical size (Liu et al. 2025), so Adam's learning rate and weight
+    # decay carry over; "original" is Jordan's scaling, which wants a larger rate.
+    muon_lr: float | None = None
+    muon_momentum: float = 0.95
+    muon_adjust_lr: str = "match_rms_adamw"
     label_smoothing: float = 0.1
     # "Late dropout": model.dropout is reached as the corpus is seen more often. Until epoch
     # dropout_epochs[0] the residual and embedding dropout is early_dropout, then it rises
@@ -127,6 +137,10 @@ class TrainConfig:
     # the average validates better than the best single state (fairseq/OpenNMT practice).
     keep_last: int = 5
     average_last: int = 5
+    # An exponential moving average of the weights, its decay (0 = none), warmed up as
+    # min(ema, (1 + step) / (10 + step)) so that the first steps' weights fade; validated at
+    # the end of a run and kept as model.safetensors only when it is better, like the average.
+    ema: float = 0.0
 
     def budgets(self) -> str:
         """The budgets in force, and where the learning rate cools down: a run's first line."""

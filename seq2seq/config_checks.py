@@ -83,6 +83,17 @@ def train_checks(t: Any) -> list[Check]:
             "train.lr must be in (0, 10] and train.warmup_steps >= 0",
         ),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
+        (t.optimizer in ("adam", "muon"), "train.optimizer must be 'adam' or 'muon'"),
+        (
+            t.muon_lr is None or 0 < t.muon_lr <= 10,
+            "train.muon_lr must be in (0, 10] or null (train.lr)",
+        ),
+        (0.0 <= t.muon_momentum < 1.0, "train.muon_momentum must be in [0, 1)"),
+        (
+            t.muon_adjust_lr in ("match_rms_adamw", "original"),
+            "train.muon_adjust_lr must be 'match_rms_adamw' or 'original'",
+        ),
+        (0.0 <= t.ema < 1.0, "train.ema must be in [0, 1) (the decay; 0 = no moving average)"),
         (0.0 <= t.cooldown <= 1.0, "train.cooldown must be in [0, 1]"),
         (
             t.accum_steps >= 1 and t.max_epochs >= 1,

@@ -25,6 +25,7 @@ import pytest
 
 from seq2seq.config import Config, DecodeConfig
 from seq2seq.inspect.influence import TIE_NATS
+from seq2seq.training.optim import MUON_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [
@@ -228,6 +229,12 @@ def dropout_schedule() -> list[str]:
     return [f"{c.train.early_dropout}", f"{c.model.dropout}"]
 
 
+def muon_and_ema() -> list[str]:
+    """The torch Muon needs, its default momentum, and the moving average's warmed-up decay
+    after 1,200 steps, which the page gives for a decay of 0.999."""
+    return [MUON_TORCH, f"{Config().train.muon_momentum:g}", f"{min(0.999, 1201 / 1210):.3f}"]
+
+
 def decode_defaults() -> list[str]:
     d = DecodeConfig()
     return [f"{d.length_penalty:.1f}", f"{d.max_len_a}"]
@@ -250,7 +257,7 @@ SOURCES: dict[str, list[Source]] = {
         (None, decode_defaults),
         (None, lambda: [f"{math.log2(14):.1f} bits"]),  # a row spread evenly over 14 keys
     ],
-    "docs/training.md": [(None, cooldown), (None, dropout_schedule)],
+    "docs/training.md": [(None, cooldown), (None, dropout_schedule), (None, muon_and_ema)],
     "docs/export.md": [(None, lambda: ["95%"])],  # tests/test_export.py's agreement threshold
     "experiments/attention_not_explanation/README.md": [
         ("experiments/attention_not_explanation/results.json", attention_not_explanation)

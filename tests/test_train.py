@@ -97,8 +97,10 @@ def subprocess_env() -> dict[str, str]:
     return child_env(PYTHONPATH=str(REPO))
 
 
-def test_loss_falls_well_below_the_start(tmp_path):
-    state = train(tiny_config(train__max_steps=100), tmp_path / "run", progress=False)
+@pytest.mark.parametrize("optimizer", ["adam", "muon"])
+def test_loss_falls_well_below_the_start(tmp_path, optimizer):
+    config = tiny_config(train__max_steps=100, train__optimizer=optimizer)
+    state = train(config, tmp_path / "run", progress=False)
     losses = list(train_losses(tmp_path / "run").values())
     assert state["step"] == 100 and len(losses) == 100
     assert max(losses[-10:]) < 0.6 * losses[0], (losses[0], losses[-10:])
@@ -110,8 +112,13 @@ def test_loss_falls_well_below_the_start(tmp_path):
 @pytest.mark.parametrize(
     "subwords",
     # subword sampling with a vocabulary that has merges to drop (the default 308 has none)
-    [{}, {"data__subword_alpha": 0.2, "data__subword_epochs": "[0,1]", "data__vocab_size": 400}],
-    ids=["store", "subword-sampling"],
+    # and Muon for the layers' matrices, with a moving average of the weights
+    [
+        {},
+        {"data__subword_alpha": 0.2, "data__subword_epochs": "[0,1]", "data__vocab_size": 400},
+        {"train__optimizer": "muon", "train__ema": 0.9},
+    ],
+    ids=["store", "subword-sampling", "muon-ema"],
 )
 def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords):
     total = 26  # crosses two epoch ends (11 batches an epoch)
@@ -132,7 +139,7 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords
         )
         assert state["step"] == stop
     assert (state["epoch"], state["batch"]) == (whole["epoch"], whole["batch"])
-    assert subwords or (state["epoch"], state["batch"]) == (2, 4)
+    assert "data__subword_alpha" in subwords or (state["epoch"], state["batch"]) == (2, 4)
 
     straight, interrupted = (
         train_losses(tmp_path / "straight"),
@@ -144,8 +151,9 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords
     a, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
     b, _ = checkpoint.read_tensors(tmp_path / "interrupted" / checkpoint.LAST_FILE)
     assert a.keys() == b.keys()
-    for name in a:  # weights, Adam moments and RNG state alike
+    for name in a:  # weights, optimizer moments, the moving average and RNG state alike
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+    assert any(name.startswith("ema.") for name in a) == ("train__ema" in subwords)
 
 
 def test_resuming_a_finished_run_takes_no_extra_step_and_writes_nothing(tmp_path, capsys):
@@ -768,6 +776,31 @@ def test_averaging_at_the_end_keeps_the_average_only_when_it_validates_better(
     assert weights.keys() == expected.keys()
     for name in weights:
         torch.testing.assert_close(weights[name], expected[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("ema_bleu", [0.5, 4.0], ids=["not-kept", "kept"])
+def test_the_moving_average_is_kept_only_when_it_validates_better(tmp_path, monkeypatch, ema_bleu):
+    from seq2seq.training import validation
+
+    # validation BLEU at steps 10 and 20 (the best state), then the moving average's
+    scores = iter([1.0, 3.0, ema_bleu])
+    monkeypatch.setattr(validation, "validation_bleu", lambda *args, **kwargs: next(scores))
+    run = tmp_path / "run"
+    state = train(
+        tiny_config(train__max_steps=20, train__validate_every=10, train__ema=0.99),
+        run,
+        progress=False,
+    )
+    [line] = read_metrics(run, "ema")
+    assert (line["bleu"], line["decay"], line["kept"]) == (ema_bleu, 0.99, ema_bleu > 3.0)
+    weights, best = checkpoint.read_tensors(run / checkpoint.BEST_FILE)
+    last, _ = checkpoint.read_tensors(run / checkpoint.LAST_FILE)
+    kept = ema_bleu > 3.0
+    assert (best.get("ema"), best["bleu"], state["best_bleu"]) == (
+        (0.99, ema_bleu, ema_bleu) if kept else (None, 3.0, 3.0)
+    )
+    for name, tensor in weights.items():  # the average's, or not the average's
+        assert torch.equal(tensor, last[f"ema.{name}"]) is kept, name
 
 
 # -- train.compile ----------------------------------------------------------------------

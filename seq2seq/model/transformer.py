@@ -54,13 +54,27 @@ class Seq2Seq(nn.Module):
         if c.tie_output:
             self.output.weight = tgt_tokens.weight
 
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        # Attention's packed projections: each block (Q, K, V) as the matrix it stands for.
+    def hidden_matrices(self) -> dict[nn.Parameter, list[int]]:
+        """The layers' weight matrices (not the embeddings, the output layer, the norms or the
+        biases: what Muon takes), each with the blocks of rows it stacks: attention's packed
+        projections (Q | K | V) their blocks, each other matrix one block of all its rows."""
+        packed = self.packed_rows()
+        layers = (*self.encoder_layers, *self.decoder_layers)
+        matrices = [p for layer in layers for p in layer.parameters() if p.dim() == 2]
+        return {p: packed.get(p, [p.shape[0]]) for p in matrices}
+
+    def packed_rows(self) -> dict[nn.Parameter, list[int]]:
+        """Attention's packed projections, each with the blocks of rows it stacks."""
         packed = {}
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
                 packed.update(module.packed_rows())
+        return packed
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        # Attention's packed projections: each block (Q, K, V) as the matrix it stands for.
+        packed = self.packed_rows()
         for name, p in self.named_parameters():
             if p.dim() > 1:
                 for block in p.split(packed.get(p, [p.shape[0]])):

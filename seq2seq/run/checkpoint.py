@@ -176,12 +176,14 @@ def save_training_state(
     optimizer: torch.optim.Optimizer,
     counters: dict[str, Any],
     rng: list[dict[str, Tensor]] | None = None,
+    extra: dict[str, Tensor] | None = None,
 ) -> None:
-    """Weights, Adam moments and RNG states as tensors; everything else as JSON metadata.
+    """Weights, optimizer moments and RNG states as tensors; everything else as JSON metadata.
 
     ``rng`` holds every rank's ``rng_state()`` in rank order; by default this process's.
+    ``extra``: more of the state (the weights' moving average), named apart from the rest.
     """
-    tensors = {f"model.{k}": v for k, v in unique_state(model).items()}
+    tensors = {f"model.{k}": v for k, v in unique_state(model).items()} | (extra or {})
     optim_state = optimizer.state_dict()
     for index, entry in optim_state["state"].items():
         for key, value in entry.items():
@@ -308,8 +310,7 @@ def _average_path(run_dir: Path, out: Path | None) -> Path:
 
 
 def describe_weights(metadata: dict[str, Any]) -> str:
-    """What a weights file holds, as its metadata says: 'step 1666', or 'average of steps
-    714–1666' for an average."""
+    """What a weights file's metadata says it holds: 'step 1666', 'average of steps 714–1666'."""
     averaged = metadata.get("averaged_steps")
     if averaged:
         return f"average of steps {averaged[0]}–{averaged[-1]}"

@@ -35,12 +35,7 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.run import checkpoint
-from seq2seq.run.precision import (
-    autocast,
-    autocast_dtype,
-    describe_precision,
-    set_matmul_precision,
-)
+from seq2seq.run.precision import autocast, autocast_dtype, describe_precision, set_matmul_precision
 from seq2seq.run.runlog import MetricsLog, say, write_environment
 from seq2seq.run.runtime import (
     Runtime,
@@ -52,7 +47,9 @@ from seq2seq.run.runtime import (
     peak_memory,
     seed_ranks,
 )
+from seq2seq.training import optim
 from seq2seq.training.compiling import compile_errors, compiled, fallback, wants_compile
+from seq2seq.training.ema import WeightEMA
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
 from seq2seq.training.state import (
@@ -89,6 +86,7 @@ class Trainer(ValidationSteps):
         self._save_recipe()
         self.model, self.optimizer, self.schedule = self._build_model()
         self.state = self._restore()
+        self.ema = WeightEMA(self.model, config.train.ema, self.last_file() if resume else None)
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
             write_environment(run_dir, runtime, self.dtype, self.state.step)
         self.ddp, self.forward, self.compile_errors = self._forward()
@@ -118,7 +116,7 @@ class Trainer(ValidationSteps):
             summary = json.dumps(self.data.summary, indent=2)
             atomic_write_text(self.run_dir / "data_summary.json", summary)
 
-    def _build_model(self) -> tuple[Seq2Seq, torch.optim.Adam, Callable[[int], float]]:
+    def _build_model(self) -> tuple[Seq2Seq, optim.Optimizers, Callable[[int], float]]:
         """The model on its device, its optimizer and its learning-rate schedule."""
         t = self.config.train
         model = build_model(self.config.model).to(self.runtime.device)
@@ -131,7 +129,7 @@ class Trainer(ValidationSteps):
         if not self.resumed:
             return TrainState()
         counters = checkpoint.load_training_state(
-            self.run_dir / checkpoint.LAST_FILE, self.model, self.optimizer, self.runtime.rank
+            self.last_file(), self.model, self.optimizer, self.runtime.rank
         )
         return TrainState.from_saved(counters)
 
@@ -343,10 +341,11 @@ class Trainer(ValidationSteps):
         if not (math.isfinite(mean_loss) and math.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan, n_total
-        for param_group in self.optimizer.param_groups:
-            factor = self.schedule(self.state.step + 1) * cooldown(self.budget_used, t.cooldown)
-            param_group["lr"] = t.lr * factor
+        self.optimizer.set_lr(
+            self.schedule(self.state.step + 1) * cooldown(self.budget_used, t.cooldown)
+        )
         self.optimizer.step()
+        self.ema.update(self.state.step + 1)
         return mean_loss, n_total
 
     def uncompile(
@@ -405,18 +404,18 @@ class Trainer(ValidationSteps):
         if self.runtime.main:
             self.replacing_weights()
             self.state.elapsed = time.monotonic() - self.started
+            counters = dataclasses.asdict(self.state)
             checkpoint.save_training_state(
-                self.run_dir / checkpoint.LAST_FILE,
-                self.model,
-                self.optimizer,
-                dataclasses.asdict(self.state),
-                rng,
+                self.last_file(), self.model, self.optimizer, counters, rng, self.ema.saved()
             )
         self.signals.saved = self.saved_state()
 
+    def last_file(self) -> Path:
+        return self.run_dir / checkpoint.LAST_FILE
+
     def saved_state(self) -> str:
         """What a run stopped now would resume from, in words."""
-        return f"last saved: step {self.state.step}, in {self.run_dir / checkpoint.LAST_FILE}"
+        return f"last saved: step {self.state.step}, in {self.last_file()}"
 
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None; also

@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import sacrebleu
 import torch
@@ -26,6 +27,7 @@ from seq2seq.run.precision import autocast
 from seq2seq.run.runlog import MetricsLog
 from seq2seq.run.runtime import Runtime, barrier, gather, total
 from seq2seq.training.curves import update_run_curves
+from seq2seq.training.ema import WeightEMA
 from seq2seq.training.optim import sequence_loss
 from seq2seq.training.state import TrainState
 from seq2seq.vocab import EOS_ID
@@ -120,6 +122,7 @@ class ValidationSteps:
     model: Seq2Seq
     dtype: torch.dtype | None
     state: TrainState
+    ema: WeightEMA  # the weights' moving average (train.ema)
     log: MetricsLog
     started: float  # the monotonic clock's reading when training began, less earlier segments
     scores_stale: bool  # seq2seq evaluate's scores are of weights not yet replaced
@@ -133,6 +136,8 @@ class ValidationSteps:
             self.validate(scheduled=False)  # the state the budget ended on is scored
         if t.average_last >= 2:
             self.try_average()
+        if t.ema:
+            self.try_ema()
         if t.attention_sentences and self.runtime.main:
             self.save_attention(draw=True)  # the last state's maps, drawn
         s.finished = True
@@ -196,29 +201,61 @@ class ValidationSteps:
     def try_average(self) -> None:
         """Average the last ``average_last`` kept states; keep the average as the best model
         when its validation BLEU beats the best single state's."""
-        s, t = self.state, self.config.train
         barrier(self.runtime)  # rank 0 has written the last kept state (a shared run directory)
-        kept = checkpoint.kept_checkpoints(self.run_dir)[-t.average_last :]
+        kept = checkpoint.kept_checkpoints(self.run_dir)[-self.config.train.average_last :]
         if len(kept) < 2:
             return
+        steps = [int(p.stem.removeprefix("step_")) for p in kept]
+        self.try_weights(
+            checkpoint.average_checkpoints(kept),
+            kept[0],
+            f"average of the states at steps {', '.join(map(str, steps))}",
+            {"averaged_steps": steps},
+            ("average", {"steps": steps}),
+        )
+
+    def try_ema(self) -> None:
+        """The weights' moving average (``train.ema``), kept as the best model when its
+        validation BLEU beats the best so far (the best state's, or the average's)."""
+        decay = self.config.train.ema
+        self.try_weights(
+            self.ema.weights,
+            self.run_dir / checkpoint.LAST_FILE,
+            f"moving average of the weights (decay {decay:g})",
+            {"ema": decay},
+            ("ema", {"decay": decay}),
+        )
+
+    def try_weights(
+        self,
+        weights: dict[str, torch.Tensor],
+        source: Path,
+        words: str,
+        metadata: dict[str, Any],
+        logged: tuple[str, dict[str, Any]],
+    ) -> None:
+        """Validate ``weights`` (read from ``source``) in place of the trained ones; keep them
+        as ``model.safetensors``, with ``metadata``, when their BLEU beats the best so far.
+        ``logged``: the metrics line's kind and its facts; ``words`` name them in the log."""
+        s = self.state
         trained = {k: v.clone() for k, v in self.model.state_dict().items()}
-        checkpoint.load_weights_into(self.model, checkpoint.average_checkpoints(kept), kept[0])
+        checkpoint.load_weights_into(self.model, weights, source)
         self.model.eval()
         bleu = validation_bleu(self.model, self.data, self.config, self.runtime, self.dtype)
-        steps = [int(p.stem.removeprefix("step_")) for p in kept]
         better = bleu > s.best_bleu
         if better:  # every rank knows the scores, as in validate; rank 0 writes
             s.best_bleu, s.best_step = bleu, s.step
         if better and self.runtime.main:
             self.replacing_weights()
-            metadata = {"step": s.step, "bleu": bleu, "averaged_steps": steps}
+            metadata = {"step": s.step, "bleu": bleu, **metadata}
             checkpoint.save_model(self.model, self.run_dir / checkpoint.BEST_FILE, metadata)
         self.model.load_state_dict(trained)
         self.model.train()
-        self.log.log("average", s.step, {"bleu": bleu, "steps": steps, "kept": better})
+        kind, facts = logged
+        self.log.log(kind, s.step, {"bleu": bleu, **facts, "kept": better})
         self.say(
-            f"average of the states at steps {', '.join(map(str, steps))}: validation BLEU "
-            f"{bleu:.2f}; {'kept as the best model' if better else 'not better than the best single state'}"
+            f"{words}: validation BLEU {bleu:.2f}; "
+            + ("kept as the best model" if better else "not better than the best so far")
         )
 
     def replacing_weights(self) -> None:
