@@ -60,7 +60,9 @@ def test_the_stop_button_saves_and_the_same_cell_resumes_to_the_same_weights(
     state = cell()
     assert stop_button == [STOP]
     assert state["step"] == STOP and state["stop_reason"] == "signal SIGINT"
-    assert "stopped: signal SIGINT" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"stopped: signal SIGINT; not validated yet; {STOP} steps" in err
+    assert "to continue it, call seq2seq.train again with resume=True" in err
     state = cell()  # the cell run again
     assert state["step"] == STEPS and state["stop_reason"] == f"max_steps {STEPS}"
     assert f"resuming at step {STOP}" in capsys.readouterr().err
@@ -118,6 +120,46 @@ def test_a_second_stop_during_validation_stops_at_once_and_the_saved_state_resum
     assert checkpoint.read_tensors(last)[1]["step"] == STEPS // 2
     assert command(tmp_path / "run", *half, "--resume") == 0
     assert f"resuming at step {STEPS // 2}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stop_saves_exits_non_zero_and_says_how_to_continue(
+    tmp_path, monkeypatch, capsys, sig
+):
+    after_step = Trainer.after_step
+
+    def then_signal(self, *args):
+        after_step(self, *args)
+        if self.state.step == STOP:
+            signal.raise_signal(sig)
+
+    monkeypatch.setattr(Trainer, "after_step", then_signal)
+    assert command(tmp_path / "run") == 128 + sig.value  # 130 for SIGINT, the shell's
+    err = capsys.readouterr().err
+    assert f"stopped: signal {sig.name}; not validated yet; {STOP} steps" in err
+    assert "best validation BLEU" not in err  # there is none
+    assert "to continue it, run the same command with --resume" in err
+    assert checkpoint.read_tensors(tmp_path / "run" / checkpoint.LAST_FILE)[1]["step"] == STOP
+
+
+def test_a_stop_just_after_the_first_validation_wrote_weights_leaves_a_run_that_resumes(
+    tmp_path, monkeypatch, capsys
+):
+    save_model, run = checkpoint.save_model, tmp_path / "run"
+
+    def then_stopped(*args):  # the best weights written, then Ctrl-C twice: stopped at once
+        save_model(*args)
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "save_model", then_stopped)
+        assert command(run) == 130
+    last = run / checkpoint.LAST_FILE
+    assert (run / checkpoint.BEST_FILE).is_file()
+    assert f"stopped at once; last saved: step 0, in {last}" in capsys.readouterr().err
+    assert command(run, "--resume") == 0
+    assert "resuming at step 0" in capsys.readouterr().err
 
 
 def test_a_run_interrupted_while_preparing_starts_afresh_with_the_same_command(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -241,7 +242,10 @@ def _run_train(args: argparse.Namespace) -> int:
         words=FLAGS,
     )
     leave_process_group()  # under torchrun: every rank leaves together, then exits
-    return 0 if state["best_bleu"] >= 0 or state["stop_reason"].startswith("signal") else 1
+    stopped_by = state["stop_reason"].removeprefix("signal ")
+    if stopped_by != state["stop_reason"]:  # saved, not finished: the shell's 128 + signal
+        return 128 + signal.Signals[stopped_by].value
+    return 0 if state["best_bleu"] >= 0 else 1
 
 
 class _IntermixedParser(argparse.ArgumentParser):

@@ -104,5 +104,7 @@ def train(
                 if runtime.main:
                     say(already_finished(run_dir, finished.stop_reason))
                 return dataclasses.asdict(finished)
-        trainer = Trainer(config, run_dir, runtime, resume, tensorboard, progress)
-        return dataclasses.asdict(trainer.run())
+        state = Trainer(config, run_dir, runtime, resume, tensorboard, progress).run()
+        if runtime.main and state.stop_reason.startswith("signal"):
+            say(f"to continue it, {words.again} with {words.resume}", run_dir)
+        return dataclasses.asdict(state)

@@ -65,6 +65,12 @@ def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
     return None
 
 
+def describe_end(s: TrainState, minutes: float) -> str:
+    """The end of a run in a few words: its best score (none before a validation), its length."""
+    best = f"best validation BLEU {s.best_bleu:.2f} at step {s.best_step}"
+    return f"{best if s.best_bleu >= 0 else 'not validated yet'}; {s.step} steps, {minutes:.1f} min"
+
+
 def already_finished(run_dir: Path, reason: str) -> str:
     return (
         f"the run in {run_dir} is already finished ({reason}); nothing to do "

@@ -56,6 +56,7 @@ from seq2seq.training.state import (
     TrainState,
     already_finished,
     describe_dropout,
+    describe_end,
     describe_subwords,
     spent_budget,
 )
@@ -213,6 +214,8 @@ class Trainer(ValidationSteps):
         s.finished = False
         self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
         with self.signals, self.subwords or contextlib.nullcontext():
+            if not self.resumed:  # before any validation writes weights: from here on it resumes
+                self.save()
             if not self.signals.installed:
                 self.say(
                     "note: training in a thread, not the main one: a signal (Ctrl-C, SIGTERM, "
@@ -227,11 +230,8 @@ class Trainer(ValidationSteps):
                 self.finish()
             self.save()
         self.log.close()
-        self.say(
-            f"stopped: {s.stop_reason}; best validation BLEU {s.best_bleu:.2f} at step "
-            f"{s.best_step}; {s.step} steps, {(time.monotonic() - self.started) / 60:.1f} min; "
-            f"run in {self.run_dir}"
-        )
+        minutes = (time.monotonic() - self.started) / 60
+        self.say(f"stopped: {s.stop_reason}; {describe_end(s, minutes)}; run in {self.run_dir}")
         return agree(self.runtime, s)  # the elapsed time is rank 0's
 
     def train_epoch(self) -> None:
