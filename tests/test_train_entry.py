@@ -162,6 +162,19 @@ def test_a_stop_just_after_the_first_validation_wrote_weights_leaves_a_run_that_
     assert "resuming at step 0" in capsys.readouterr().err
 
 
+def test_a_corpus_that_data_max_len_drops_whole_is_one_line_and_keeps_no_model(tmp_path, capsys):
+    pairs = len((REPO / "data" / "sample" / "train.de").read_text(encoding="utf-8").splitlines())
+    run = tmp_path / "run"
+    assert command(run, "--set", "data.max_len=1") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"data.max_len 1 drops every training pair (all {pairs:,}: longer than 1" in err
+    assert not list(run.glob("*.safetensors"))
+    assert command(run) == 0  # the run's own, with no weights: started afresh
+    with pytest.raises(seq2seq.Seq2SeqError, match="data.max_len 2 drops every training pair"):
+        seq2seq.train(tmp_path / "cell", overrides=[*TINY, "data.max_len=2"], progress=False)
+
+
 def test_a_run_interrupted_while_preparing_starts_afresh_with_the_same_command(
     tmp_path, monkeypatch, capsys
 ):

@@ -38,6 +38,7 @@ from seq2seq.data.store import (
     write_pairs,
 )
 from seq2seq.data.tokenizer import JOINT_FILE, SIDE_FILES, Tokenizer
+from seq2seq.errors import Seq2SeqError
 
 DATA_DIR = "data"  # the store, in the run directory
 # SentencePiece learns its pieces from a seeded sample of at most this many training pairs
@@ -202,6 +203,11 @@ def _write_store(
             src_ids, tgt_ids, n_dropped = encode_pairs(chunk, tokenizer, d.max_len)
             writer.append(src_ids, tgt_ids)
             n_long += n_dropped
+        if not writer.n_pairs and n_long:  # no store published: the run trains nothing
+            raise Seq2SeqError(
+                f"data.max_len {d.max_len} drops every training pair (all {n_long:,}: longer "
+                f"than {d.max_len} subwords on a side); raise data.max_len"
+            )
     corpus.count_dropped("train", f"longer than {d.max_len} subwords", n_long)
     valid_pairs = corpus.splits["validation"]
     valid_src, valid_tgt, _ = encode_pairs(valid_pairs, tokenizer, None)
