@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seq2seq.model.attention import AttentionCache, MultiHeadAttention, check_rows
+from seq2seq.model.attention import AttentionCache, MultiHeadAttention
+from seq2seq.model.masks import check_rows
 
 D, H = 32, 4
 KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA

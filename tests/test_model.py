@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding.search import translate_batch
-from seq2seq.model.transformer import padding_mask
+from seq2seq.model.masks import padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from seq2seq.decoding.deadline import check_deadline
-from seq2seq.model.attention import check_rows
-from seq2seq.model.transformer import Seq2Seq, padding_mask
+from seq2seq.model.masks import check_rows, padding_mask
+from seq2seq.model.transformer import Seq2Seq
 from seq2seq.vocab import BOS_ID
 
 # Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target

@@ -1,13 +1,6 @@
 """Attention: the function that moves information between positions, the multi-head module
-(MHA / GQA / MQA in one), and the cache that incremental decoding keeps.
-
-Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
-``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
-all ``-inf`` softmax (NaN). Finding one reads the mask on the host, a device sync:
-``MultiHeadAttention`` used on its own checks every mask it is given (``check_rows``), while
-the model's layers build theirs with ``check_rows=False``, because ``Seq2Seq.encode`` checks
-the source padding mask once per batch and a causal mask always allows a query's own
-position, so decoding steps run without a sync.
+(MHA / GQA / MQA in one), and the cache that incremental decoding keeps. Masks are boolean,
+True = may attend (``masks.py``: the shapes, and when a check reads the host).
 
 The output always comes from the fused kernel; weights, when asked for, are computed beside
 it. Under bf16 a last-bit difference in one attention output can flip a rounding downstream
@@ -26,6 +19,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from seq2seq.model.masks import check_mask, check_rows
 
 # torch >= 2.5 lets SDPA broadcast G key/value heads over H query heads without a copy.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -84,32 +79,6 @@ def _weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
     return scores.softmax(dim=-1)
 
 
-def check_rows(allowed: Tensor) -> None:
-    """Raise ``ValueError`` if a query row of ``allowed`` has no allowed key (one host sync)."""
-    if not allowed.any(dim=-1).all():
-        raise ValueError("Each query must have at least one allowed key (a sentence all padding?)")
-
-
-def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
-    """Raise ``ValueError`` unless ``allowed`` is a boolean mask of a shape that fits these
-    sizes; its shape and dtype only, so no device sync (``check_rows`` reads the rows)."""
-    if allowed.dtype != torch.bool:
-        raise ValueError("Use a boolean mask: True = allowed")
-    shape = tuple(allowed.shape)
-    ok = (allowed.ndim == 2 and shape == (tq, tk)) or (
-        allowed.ndim == 4
-        and shape[0] in (1, batch)
-        and shape[1] == 1
-        and shape[2] in (1, tq)
-        and shape[3] == tk
-    )
-    if not ok:
-        raise ValueError(
-            f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
-            f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
-        )
-
-
 WeightEdit = Callable[[Tensor, "Tensor | None"], Tensor]
 
 
@@ -129,8 +98,8 @@ class MultiHeadAttention(nn.Module):
     packs Q | latent. Keys and values are one input, so MLA is for self-attention: ``k``
     must be ``v``.
 
-    ``check_rows`` (default): refuse a mask with a query row that allows no key, at the cost
-    of a host read per call; ``False`` for a caller that checked its masks once already.
+    ``check_rows`` (default): refuse a mask with a query row that allows no key; ``False``
+    for a caller that checked its masks already (``masks.py``).
 
     ``edit_weights`` (default None) is the hook for experiments on attention: a function
     ``(weights (B, H, Tq, Tk), allowed) -> weights``. When set, the output is computed from

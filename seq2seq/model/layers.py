@@ -1,8 +1,6 @@
 """Embeddings, sinusoidal positions, feed-forward, and the pre-norm encoder/decoder layers.
 
-The layers' attention trusts the rows of its masks (``check_rows=False``): ``Seq2Seq.encode``
-checks the source padding mask once per batch, and a causal mask always allows a query's own
-position, so no attention call reads a mask on the host.
+The layers' attention trusts the rows of its masks (``check_rows=False``; ``masks.py`` says why).
 
 Letters: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` d_model, ``V`` vocabulary.
 """
