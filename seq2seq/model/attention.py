@@ -7,7 +7,7 @@ it. Under bf16 a last-bit difference in one attention output can flip a rounding
 and with it a decoded token, so asking for the weights must not change the output at all.
 
 Letters: ``B`` batch, ``Tq`` queries, ``Tk`` keys, ``D`` d_model, ``H`` query heads, ``G``
-key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
+key/value heads, ``Dh = D / H`` head width.
 """
 
 from __future__ import annotations
@@ -92,12 +92,6 @@ class MultiHeadAttention(nn.Module):
     in one matrix multiply, cross-attention its queries with the Q rows and the encoder
     memory with the K | V rows, and a static cache skips the K | V rows altogether.
 
-    ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for absolute
-    positions): each key/value token is compressed to a ``d_latent`` vector, only that
-    latent is cached, and K and V are up-projected from it (``kv_up``). ``in_proj`` then
-    packs Q | latent. Keys and values are one input, so MLA is for self-attention: ``k``
-    must be ``v``.
-
     ``check_rows`` (default): refuse a mask with a query row that allows no key; ``False``
     for a caller that checked its masks already (``masks.py``).
 
@@ -117,7 +111,6 @@ class MultiHeadAttention(nn.Module):
         n_heads: int,
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
-        d_latent: int | None = None,
         check_rows: bool = True,
     ) -> None:
         super().__init__()
@@ -130,25 +123,20 @@ class MultiHeadAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.d_kv = n_kv_heads * self.d_head  # the width of K, and of V
         self.dropout = dropout
-        self.d_latent = d_latent
-        if d_latent is None:
-            self.in_proj = nn.Linear(d_model, d_model + 2 * self.d_kv)  # Q | K | V
-        else:
-            self.in_proj = nn.Linear(d_model, d_model + d_latent)  # Q | latent, only it cached
-            self.kv_up = nn.Linear(d_latent, 2 * self.d_kv)  # K | V from the latent
-        self.out_proj = nn.Linear(d_model, d_model)
+        self._add_projections()
         self.check_rows = check_rows
         self.edit_weights: WeightEdit | None = None
 
+    def _add_projections(self) -> None:
+        """A method so that a variant (``LatentAttention``) builds its own in the same
+        order: the order decides a seed's initial weights."""
+        self.in_proj = nn.Linear(self.d_model, self.d_model + 2 * self.d_kv)  # Q | K | V
+        self.out_proj = nn.Linear(self.d_model, self.d_model)
+
     def packed_rows(self) -> dict[nn.Parameter, list[int]]:
-        """The blocks of rows each packed weight stacks (Q | K | V, Q | latent, K | V): a
-        model initialises each block as the matrix it stands for."""
-        if self.d_latent is None:
-            return {self.in_proj.weight: [self.d_model, self.d_kv, self.d_kv]}
-        return {
-            self.in_proj.weight: [self.d_model, self.d_latent],
-            self.kv_up.weight: [self.d_kv, self.d_kv],
-        }
+        """The blocks of rows each packed weight stacks (here Q | K | V): a model initialises
+        each block as the matrix it stands for."""
+        return {self.in_proj.weight: [self.d_model, self.d_kv, self.d_kv]}
 
     def forward(
         self,
@@ -206,48 +194,42 @@ class MultiHeadAttention(nn.Module):
         else:
             q_part = F.linear(q, w[:d], bias[:d])
             kv_part = None if reuse else self._kv_input(k, v)
-        if self.d_latent is not None:
-            kh, vh = self._latent_kv(kv_part, cache)
-        elif kv_part is None:
-            kh, vh = cache.k, cache.v
-        else:
-            kh, vh = self._heads(kv_part)
-            if cache is not None:
-                if cache.k is not None:
-                    kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
-                    vh = torch.cat([cache.v, vh], dim=2)
-                cache.k, cache.v = kh, vh
+        kh, vh = self._keys_values(kv_part, cache)
         b, tq = q.shape[:2]
         qh = q_part.view(b, tq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
         return qh, kh, vh
 
     def _kv_input(self, k: Tensor, v: Tensor) -> Tensor:
-        """The K | V (or latent) features of the keys' and values' inputs: (B, Tk, 2 G Dh)."""
+        """The features ``in_proj`` packs after Q (here K | V: (B, Tk, 2 G Dh)) of the keys'
+        and values' inputs."""
         w, bias, d = self.in_proj.weight, self.in_proj.bias, self.d_model
-        if k is v or self.d_latent is not None:  # cross-attention reads one memory
+        if k is v:  # cross-attention reads one memory
             return F.linear(k, w[d:], bias[d:])
         d_kv = self.d_kv
         key = F.linear(k, w[d : d + d_kv], bias[d : d + d_kv])
         value = F.linear(v, w[d + d_kv :], bias[d + d_kv :])
         return torch.cat([key, value], dim=-1)
 
+    def _keys_values(
+        self, kv: Tensor | None, cache: AttentionCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """K and V from the K | V features, after what ``cache`` holds; ``kv`` None: a static
+        cache's, reused."""
+        if kv is None:
+            return cache.k, cache.v
+        kh, vh = self._heads(kv)
+        if cache is not None:
+            if cache.k is not None:
+                kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
+                vh = torch.cat([cache.v, vh], dim=2)
+            cache.k, cache.v = kh, vh
+        return kh, vh
+
     def _heads(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """(B, Tk, 2 G Dh) K | V features -> K and V, each (B, G, Tk, Dh)."""
         b = kv.shape[0]
         kv = kv.view(b, -1, 2, self.n_kv_heads, self.d_head).permute(2, 0, 3, 1, 4)
         return kv[0], kv[1]
-
-    def _latent_kv(
-        self, latent: Tensor | None, cache: AttentionCache | None
-    ) -> tuple[Tensor, Tensor]:
-        """MLA: K and V up-projected from the latent, which alone the cache keeps."""
-        if cache is not None:
-            if latent is None:
-                latent = cache.latent
-            elif cache.latent is not None:
-                latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)
-            cache.latent = latent
-        return self._heads(self.kv_up(latent))
 
     def _edited(
         self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None
@@ -272,11 +254,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("At least one key/value is required")
         if k.shape[1] != v.shape[1]:
             raise ValueError("Key and value lengths must match")
-        if self.d_latent is not None and k is not v:
-            raise ValueError(
-                "MLA (d_latent) compresses keys and values from one input: pass the same "
-                "tensor as k and v (self-attention)"
-            )
 
 
 @dataclass
@@ -288,13 +265,13 @@ class AttentionCache:
     call and reused unchanged; their batch may be smaller than the queries' batch, in which
     case each block of ``B_q / B_k`` consecutive query rows (the beams of one source
     sentence) reads the same keys, so beams share one copy instead of K copies.
-    For MLA the cache holds the per-token latent instead of K and V (``latent``).
+    ``LatentAttention`` keeps the per-token latent instead of K and V (``latent``).
     """
 
     static: bool = False
     k: Tensor | None = None  # (B, G, Tk, Dh)
     v: Tensor | None = None  # (B, G, Tk, Dh)
-    latent: Tensor | None = None  # (B, Tk, L)
+    latent: Tensor | None = None  # (B, Tk, Dl), LatentAttention's
 
     @property
     def length(self) -> int:
