@@ -18,6 +18,16 @@ from seq2seq.vocab import PAD_ID
 
 
 class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer (Vaswani et al., 2017) with pre-norm layers: the
+    encoder reads the source into a memory (``encode``), the decoder reads the target so far
+    and that memory into next-token logits (``decode``).
+
+    ``config`` sets the sizes, the attention's key/value heads (``n_kv_heads``) and MLA
+    (``d_latent``, the decoder's self-attention), and which embeddings are one matrix: the
+    source's and the target's (``share_embeddings``, one joint vocabulary), the target's and
+    the output layer's (``tie_output``).
+    """
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
@@ -142,7 +152,10 @@ class Seq2Seq(nn.Module):
         return self.output(self.decoder_norm(x)), weights  # (B, T, V)
 
     def forward(self, src: Tensor, tgt: Tensor, check: bool = True) -> Tensor:
-        """Teacher-forced logits; ``check`` as in ``encode``.
+        """Teacher-forced logits: at every target position, the scores of the next token,
+        from the whole source and the target up to that position (the causal mask hides the
+        rest), in one pass. ``tgt`` is BOS and the target but its EOS (a batch's ``tgt_in``):
+        position ``t``'s logits score the token after it. ``check`` as in ``encode``.
 
         Shapes: src (B, S), tgt (B, T) -> (B, T, V)
         """
