@@ -95,12 +95,12 @@ def fold_beams(qh: Tensor, beams: int) -> Tensor:
 
 def unfold_beams(x: Tensor | None, beams: int) -> Tensor | None:
     """``fold_beams`` undone on what attention returns, the output or the weights (None
-    passes): (Bk, H, K Tq, N) -> (Bk K, H, Tq, N), N = Dh or Tk."""
+    passes): (Bk, H, K Tq, Dh or Tk) -> (Bk K, H, Tq, Dh or Tk)."""
     if x is None or beams == 1:
         return x
-    bk, h, rows, n = x.shape
-    x = x.view(bk, h, beams, rows // beams, n).transpose(1, 2)  # (Bk, K, H, Tq, N)
-    return x.reshape(bk * beams, h, rows // beams, n)
+    bk, h, rows, last = x.shape
+    x = x.view(bk, h, beams, rows // beams, last).transpose(1, 2)  # (Bk, K, H, Tq, ...)
+    return x.reshape(bk * beams, h, rows // beams, last)
 
 
 # The interventions' hook: (weights (B, H, Tq, Tk), allowed) -> the weights to read V with.
@@ -266,7 +266,7 @@ class MultiHeadAttention(nn.Module):
         if any(x.ndim != 3 for x in (q, k, v)):
             raise ValueError("Expected [batch, sequence, d_model] inputs")
         same = all(x.shape[0] == q.shape[0] for x in (k, v))
-        # Beams of one sentence may share a static cache: B_q is then a multiple of B_k.
+        # Beams of one sentence may share a static cache: B is then a multiple of Bk.
         shared = shared_kv and k.shape[0] == v.shape[0] and q.shape[0] % k.shape[0] == 0
         if not (same or shared):
             raise ValueError("Query, key and value batch sizes must match")
@@ -284,15 +284,15 @@ class AttentionCache:
 
     ``static=False`` (decoder self-attention): K/V grow by the new positions at every call.
     ``static=True`` (cross-attention): K/V are computed from the encoder memory at the first
-    call and reused unchanged; their batch may be smaller than the queries' batch, in which
-    case each block of ``B_q / B_k`` consecutive query rows (the beams of one source
+    call and reused unchanged; their batch ``Bk`` may be smaller than the queries' ``B``, in
+    which case each block of ``K = B / Bk`` consecutive query rows (the beams of one source
     sentence) reads the same keys, so beams share one copy instead of K copies.
     ``LatentAttention`` keeps the per-token latent instead of K and V (``latent``).
     """
 
     static: bool = False
-    k: Tensor | None = None  # (B, G, Tk, Dh)
-    v: Tensor | None = None  # (B, G, Tk, Dh)
+    k: Tensor | None = None  # (Bk, G, Tk, Dh)
+    v: Tensor | None = None  # (Bk, G, Tk, Dh)
     latent: Tensor | None = None  # (B, Tk, Dl), LatentAttention's
 
     @property

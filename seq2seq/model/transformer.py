@@ -126,7 +126,7 @@ class Seq2Seq(nn.Module):
         ``src_mask`` is the one ``encode`` checked.
 
         Shapes:
-            tgt (B, T); memory (Bm, S, D); src_mask (Bm, 1, 1, S); Bm = B or B / beams
+            tgt (B, T); memory (Bk, S, D); src_mask (Bk, 1, 1, S); Bk = B, or B / K for K beams
             -> logits (B, T, V) and per layer weights (B, H, T, S) or None
         """
         start = cache.length if cache is not None else 0
