@@ -1,11 +1,14 @@
-"""MultiHeadAttention: shapes, masks, fast == explicit path, MHA/GQA/MQA, input checks, cache."""
+"""MultiHeadAttention: shapes, masks, fast == explicit path, MHA/GQA/MQA, input checks, cache;
+LatentAttention (MLA): its cache and its one input."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seq2seq.model.attention import AttentionCache, MultiHeadAttention, check_rows
+from seq2seq.model.attention import AttentionCache, MultiHeadAttention
+from seq2seq.model.latent_attention import LatentAttention
+from seq2seq.model.masks import check_rows
 
 D, H = 32, 4
 KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA
@@ -13,7 +16,9 @@ KV_HEADS = [4, 2, 1]  # MHA, GQA, MQA
 
 def make(n_kv_heads=None, seed=0, d_latent=None):
     torch.manual_seed(seed)
-    return MultiHeadAttention(D, H, n_kv_heads, d_latent=d_latent).eval()
+    if d_latent is None:
+        return MultiHeadAttention(D, H, n_kv_heads).eval()
+    return LatentAttention(D, H, n_kv_heads, d_latent=d_latent).eval()
 
 
 @pytest.mark.parametrize("g", KV_HEADS)
@@ -316,6 +321,23 @@ def test_weights_saved_before_packing_load_into_the_packed_projection():
         old[f"{name}.weight"], old[f"{name}.bias"] = w[rows], b[rows]
     old["v_proj.weight"], old["v_proj.bias"] = w[D + dkv :], b[D + dkv :]
     loaded = make(2, seed=4)
+    loaded.load_state_dict(packed_state({f"{k}": v.detach() for k, v in old.items()}))
+    x = torch.randn(1, 5, D)
+    assert torch.equal(loaded(x, x, x)[0], new(x, x, x)[0])
+
+
+def test_mla_weights_saved_before_packing_load_into_latent_attention():
+    from seq2seq.run.old_weights import packed_state
+
+    new = make(2, seed=3, d_latent=8)
+    w, b = new.in_proj.weight, new.in_proj.bias
+    up_w, up_b, dkv = new.kv_up.weight, new.kv_up.bias, new.d_kv
+    old = {"out_proj.weight": new.out_proj.weight, "out_proj.bias": new.out_proj.bias}
+    old["q_proj.weight"], old["q_proj.bias"] = w[:D], b[:D]
+    old["kv_down.weight"], old["kv_down.bias"] = w[D:], b[D:]  # to the latent
+    old["k_proj.weight"], old["k_proj.bias"] = up_w[:dkv], up_b[:dkv]  # up from it
+    old["v_proj.weight"], old["v_proj.bias"] = up_w[dkv:], up_b[dkv:]
+    loaded = make(2, seed=4, d_latent=8)
     loaded.load_state_dict(packed_state({f"{k}": v.detach() for k, v in old.items()}))
     x = torch.randn(1, 5, D)
     assert torch.equal(loaded(x, x, x)[0], new(x, x, x)[0])

@@ -36,7 +36,7 @@ from seq2seq.inspect.interventions import (
     replaced,
 )
 from seq2seq.model.attention import MultiHeadAttention
-from seq2seq.model.transformer import padding_mask
+from seq2seq.model.masks import padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]

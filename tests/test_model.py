@@ -9,7 +9,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding.search import translate_batch
-from seq2seq.model.transformer import padding_mask
+from seq2seq.model.latent_attention import LatentAttention
+from seq2seq.model.masks import padding_mask
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -86,6 +87,7 @@ def test_mla_latent_is_in_decoder_self_attention_only():
     """MLA (d_latent) shrinks what the decoder caches; the encoder caches nothing, so it keeps
     full K/V: given the plain model's encoder weights it computes the plain model's memory."""
     mla, plain = tiny(d_latent=8), tiny()
+    assert all(type(layer.self_attn) is LatentAttention for layer in mla.decoder_layers)
     assert all(not hasattr(layer.self_attn, "kv_up") for layer in mla.encoder_layers)
     assert all(layer.self_attn.kv_up.in_features == 8 for layer in mla.decoder_layers)
     assert all(not hasattr(layer.cross_attn, "kv_up") for layer in mla.decoder_layers)

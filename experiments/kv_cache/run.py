@@ -33,7 +33,8 @@ from matplotlib.figure import Figure
 
 from seq2seq.config import DecodeConfig, ModelConfig
 from seq2seq.decoding.search import greedy_search
-from seq2seq.model.transformer import Seq2Seq, build_model, padding_mask
+from seq2seq.model.masks import padding_mask
+from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.vocab import BOS_ID, EOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

@@ -44,7 +44,8 @@ from seq2seq.data.batching import collate
 from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import greedy_search
 from seq2seq.decoding.translate import translate_ids
-from seq2seq.model.transformer import Seq2Seq, count_parameters, padding_mask
+from seq2seq.model.masks import padding_mask
+from seq2seq.model.transformer import Seq2Seq, count_parameters
 from seq2seq.vocab import BOS_ID
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/, for common

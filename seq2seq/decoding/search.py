@@ -36,7 +36,8 @@ from torch.nn.utils.rnn import pad_sequence
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding import beam
 from seq2seq.decoding.deadline import check_deadline
-from seq2seq.model.transformer import Seq2Seq, padding_mask
+from seq2seq.model.masks import padding_mask
+from seq2seq.model.transformer import Seq2Seq
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 

@@ -12,7 +12,8 @@ saw in training, and the rest of the source can stand in for it. ``interventions
 changes the weights themselves and decodes again.
 
 Letters: ``L`` decoder layers, ``H`` heads, ``T`` target positions (the EOS step included
-when scored), ``S`` source positions, ``G`` occluded groups, ``V`` vocabulary.
+when scored), ``S`` source positions, ``O`` occlusions (groups of positions hidden), ``V``
+vocabulary.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import torch
 from torch import Tensor
 
 from seq2seq.decoding.deadline import check_deadline
-from seq2seq.model.attention import check_rows
-from seq2seq.model.transformer import Seq2Seq, padding_mask
+from seq2seq.model.masks import check_rows, padding_mask
+from seq2seq.model.transformer import Seq2Seq
 from seq2seq.vocab import BOS_ID
 
-# Logits per occlusion pass, (G, T, V) floats: 128 MB in fp32. 40 source by 40 target
+# Logits per occlusion pass, (O, T, V) floats: 128 MB in fp32. 40 source by 40 target
 # subwords with a vocabulary of 16,000 fit in one pass; longer sentences take a few.
 MAX_LOGITS = 2**25
 # Two drops closer than this are a tie: which is larger is decided by rounding, in the
@@ -64,7 +65,7 @@ def influence_note(scored: str = "this output", tie: float = TIE_NATS) -> str:
 class Occlusion:
     """Each target token's probability with nothing hidden and with each group hidden.
 
-    Shapes: probs, log_probs (T,); masked_probs, masked_log_probs (G, T); attention: the
+    Shapes: probs, log_probs (T,); masked_probs, masked_log_probs (O, T); attention: the
     unmasked cross-attention, per layer (H, T, S), where asked for
     """
 
@@ -77,8 +78,8 @@ class Occlusion:
 
     @property
     def influence(self) -> Tensor:
-        """The drop in each target token's log-probability when group g is hidden:
-        (T, G); positive where hiding it made the token less likely."""
+        """The drop in each target token's log-probability when each group is hidden:
+        (T, O); positive where hiding it made the token less likely."""
         return (self.log_probs[None, :] - self.masked_log_probs).T
 
 
@@ -92,18 +93,18 @@ def occlude(
     need_weights: bool = False,
 ) -> Occlusion:
     """Teacher-force ``tgt_ids`` once as is and once per group of source positions hidden
-    from cross-attention in every layer, batched: the unmasked row and the ``G`` occlusions
+    from cross-attention in every layer, batched: the unmasked row and the ``O`` occlusions
     in one pass, or in a few of the same batch size and at most ``max_logits`` logits each
     (None: one), so that the drop compares rows the decoder computed alike.
 
     ``tgt_ids`` are the tokens scored, BOS excluded: an output that stopped at EOS ends
-    with it. ``groups`` default to every position alone (``G = S``); a group may hold the
+    with it. ``groups`` default to every position alone (``O = S``); a group may hold the
     subwords of a word; none at all leaves the unmasked row alone. The encoder sees the
     whole source in every pass. ``need_weights``: one more pass, alone, for the unmasked
     cross-attention (``Occlusion.attention``; else an empty list).
 
     Shapes:
-        src: (1, S); tgt_ids: T ids; groups: G lists of positions -> ``Occlusion``
+        src: (1, S); tgt_ids: T ids; groups: O lists of positions -> ``Occlusion``
     """
     if src.shape[0] != 1:
         raise ValueError(f"occlude takes one sentence, got a batch of {src.shape[0]}")
@@ -113,13 +114,13 @@ def occlude(
         raise ValueError("Occlusion needs the model in eval mode (dropout off): call model.eval()")
     s, device = src.shape[1], src.device
     groups = [[j] for j in range(s)] if groups is None else groups
-    hidden = torch.zeros(1 + len(groups), s, dtype=torch.bool)  # (1 + G, S), filled on the host
-    for g, positions in enumerate(groups, start=1):  # row 0 hides nothing
-        hidden[g, list(positions)] = True
+    hidden = torch.zeros(1 + len(groups), s, dtype=torch.bool)  # (1 + O, S), filled on the host
+    for row, positions in enumerate(groups, start=1):  # row 0 hides nothing
+        hidden[row, list(positions)] = True
     hidden = hidden.to(device)  # one copy, not one a group
     with torch.inference_mode():
         src_mask = padding_mask(src)  # (1, 1, 1, S)
-        allowed = src_mask & ~hidden[:, None, None, :]  # (1 + G, 1, 1, S)
+        allowed = src_mask & ~hidden[:, None, None, :]  # (1 + O, 1, 1, S)
         check_rows(allowed)  # a group may not hide every real position
         memory = model.encode(src, src_mask)  # (1, S, D)
         tgt_in = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=device)  # (1, T)
@@ -135,7 +136,7 @@ def occlude(
             check_deadline()
             part_logits, _ = model.decode(tgt_in.expand(n, -1), memory.expand(n, -1, -1), part)
             scored.append(_target_probs(part_logits, target))  # (n, T) twice
-        probs = torch.cat([p for p, _ in scored])[:rows]  # (1 + G, T)
+        probs = torch.cat([p for p, _ in scored])[:rows]  # (1 + O, T)
         log_probs = torch.cat([lp for _, lp in scored])[:rows]
         attention = []
         if need_weights:

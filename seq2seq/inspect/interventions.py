@@ -26,7 +26,8 @@ from seq2seq.decoding.search import Hypothesis, greedy_search
 from seq2seq.decoding.translate import Translator, one_line
 from seq2seq.drawing.words import words_of
 from seq2seq.errors import Seq2SeqError, whole_number
-from seq2seq.model.attention import MultiHeadAttention, check_rows
+from seq2seq.model.attention import MultiHeadAttention
+from seq2seq.model.masks import check_rows
 from seq2seq.model.transformer import Seq2Seq
 
 REPLACEMENTS = ("uniform", "permuted", "kept")  # what WeightReplacement puts in

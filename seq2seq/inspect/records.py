@@ -43,7 +43,7 @@ from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
-from seq2seq.model.transformer import padding_mask
+from seq2seq.model.masks import padding_mask
 from seq2seq.run.precision import autocast
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 

@@ -1,20 +1,14 @@
 """Attention: the function that moves information between positions, the multi-head module
-(MHA / GQA / MQA in one), and the cache that incremental decoding keeps.
-
-Masks are boolean with **True = may attend**, shaped ``[Tq, Tk]``, ``[B, 1, Tq, Tk]`` or
-``[B, 1, 1, Tk]`` (key padding). A query row with no allowed key is an error rather than an
-all ``-inf`` softmax (NaN). Finding one reads the mask on the host, a device sync:
-``MultiHeadAttention`` used on its own checks every mask it is given (``check_rows``), while
-the model's layers build theirs with ``check_rows=False``, because ``Seq2Seq.encode`` checks
-the source padding mask once per batch and a causal mask always allows a query's own
-position, so decoding steps run without a sync.
+(MHA / GQA / MQA in one), and the cache that incremental decoding keeps. Masks are boolean,
+True = may attend (``masks.py``: the shapes, and when a check reads the host).
 
 The output always comes from the fused kernel; weights, when asked for, are computed beside
 it. Under bf16 a last-bit difference in one attention output can flip a rounding downstream
 and with it a decoded token, so asking for the weights must not change the output at all.
 
 Letters: ``B`` batch, ``Tq`` queries, ``Tk`` keys, ``D`` d_model, ``H`` query heads, ``G``
-key/value heads, ``Dh = D / H`` head width, ``L`` latent width (MLA).
+key/value heads, ``Dh = D / H`` head width; ``K`` beams and ``Bk = B / K`` sentences where a
+sentence's beams share one static cache (``Bk = B`` otherwise).
 """
 
 from __future__ import annotations
@@ -26,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from seq2seq.model.masks import check_mask, check_rows
 
 # torch >= 2.5 lets SDPA broadcast G key/value heads over H query heads without a copy.
 _SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -39,11 +35,12 @@ def attend(
     dropout: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Scaled dot-product attention over split heads, with G <= H key/value heads.
+    """Scaled dot-product attention over split heads: ``softmax(Q Kᵀ / √Dh) V``, a key that
+    ``allowed`` forbids scoring -inf before the softmax.
 
-    Query head ``h`` reads key/value head ``h // (H / G)``: consecutive query heads share.
-    The output is the fused ``F.scaled_dot_product_attention``'s, with or without weights;
-    ``need_weights`` adds the explicit ``softmax(Q Kᵀ / √Dh + mask)`` (before dropout), so
+    With G < H key/value heads (GQA, MQA), query head ``h`` reads key/value head
+    ``h // (H / G)``: consecutive query heads share one. The output is the fused kernel's,
+    with or without weights; ``need_weights`` adds the weights (before dropout), so
     ``weights @ V`` is the output up to rounding. Under bf16 on a CPU attention computes in
     fp32 and returns ``out`` in bf16, weights in fp32.
 
@@ -58,8 +55,13 @@ def attend(
         with torch.autocast("cpu", enabled=False):
             out, weights = attend(q.float(), k.float(), v.float(), allowed, dropout, need_weights)
         return out.to(q.dtype), weights
-    out = _fused(q, k, v, allowed, dropout)
-    return out, _weights(q, k, allowed) if need_weights else None
+    out = _fused(q, k, v, allowed, dropout)  # softmax(Q Kᵀ / √Dh) V in one kernel
+    if not need_weights:
+        return out, None
+    scores = _scores(q, k)  # Q Kᵀ / √Dh: (B, H, Tq, Tk)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return out, scores.softmax(dim=-1)
 
 
 def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: float) -> Tensor:
@@ -71,75 +73,49 @@ def _fused(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout: flo
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout, **kwargs)
 
 
-def _weights(q: Tensor, k: Tensor, allowed: Tensor | None) -> Tensor:
-    """``softmax(Q Kᵀ / √Dh + mask)``, before dropout. Shapes as ``attend``."""
+def _scores(q: Tensor, k: Tensor) -> Tensor:
+    """``Q Kᵀ / √Dh`` with each key head read by its H / G query heads, (B, H, Tq, Tk)."""
     b, h, tq, dh = q.shape
     g, tk = k.shape[1], k.shape[2]
-    # Group query heads by the key/value head they share: a broadcast, not a copy.
+    # Group query heads by the key/value head they share: a broadcast, not a copy of K.
     qg = q.view(b, g, h // g, tq, dh)  # (B, G, H/G, Tq, Dh)
     scores = qg @ k.unsqueeze(2).transpose(-2, -1) / math.sqrt(dh)  # (B, G, H/G, Tq, Tk)
-    scores = scores.view(b, h, tq, tk)  # (B, H, Tq, Tk)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores.softmax(dim=-1)
+    return scores.view(b, h, tq, tk)
 
 
-def check_rows(allowed: Tensor) -> None:
-    """Raise ``ValueError`` if a query row of ``allowed`` has no allowed key (one host sync)."""
-    if not allowed.any(dim=-1).all():
-        raise ValueError("Each query must have at least one allowed key (a sentence all padding?)")
+def fold_beams(qh: Tensor, beams: int) -> Tensor:
+    """Each sentence's ``beams`` consecutive rows as extra query rows of one sentence, so that
+    they read its one copy of the cached K/V: (Bk K, H, Tq, Dh) -> (Bk, H, K Tq, Dh)."""
+    if beams == 1:
+        return qh
+    b, h, tq, dh = qh.shape
+    qh = qh.view(b // beams, beams, h, tq, dh).transpose(1, 2)  # (Bk, H, K, Tq, Dh)
+    return qh.reshape(b // beams, h, beams * tq, dh)
 
 
-def check_mask(allowed: Tensor, batch: int, tq: int, tk: int) -> None:
-    """Raise ``ValueError`` unless ``allowed`` is a boolean mask of a shape that fits these
-    sizes; its shape and dtype only, so no device sync (``check_rows`` reads the rows)."""
-    if allowed.dtype != torch.bool:
-        raise ValueError("Use a boolean mask: True = allowed")
-    shape = tuple(allowed.shape)
-    ok = (allowed.ndim == 2 and shape == (tq, tk)) or (
-        allowed.ndim == 4
-        and shape[0] in (1, batch)
-        and shape[1] == 1
-        and shape[2] in (1, tq)
-        and shape[3] == tk
-    )
-    if not ok:
-        raise ValueError(
-            f"Mask shape {list(shape)} does not fit: expected [Tq, Tk]=[{tq}, {tk}], "
-            f"[B, 1, Tq, Tk]=[{batch}, 1, {tq}, {tk}] or [B, 1, 1, Tk]=[{batch}, 1, 1, {tk}]"
-        )
+def unfold_beams(x: Tensor | None, beams: int) -> Tensor | None:
+    """``fold_beams`` undone on what attention returns, the output or the weights (None
+    passes): (Bk, H, K Tq, Dh or Tk) -> (Bk K, H, Tq, Dh or Tk)."""
+    if x is None or beams == 1:
+        return x
+    bk, h, rows, last = x.shape
+    x = x.view(bk, h, beams, rows // beams, last).transpose(1, 2)  # (Bk, K, H, Tq, ...)
+    return x.reshape(bk * beams, h, rows // beams, last)
 
 
+# The interventions' hook: (weights (B, H, Tq, Tk), allowed) -> the weights to read V with.
 WeightEdit = Callable[[Tensor, "Tensor | None"], Tensor]
 
 
 class MultiHeadAttention(nn.Module):
-    """Self- or cross-attention with ``n_kv_heads`` key/value heads (MHA, GQA or MQA).
+    """Self- or cross-attention with ``n_heads`` query heads and ``n_kv_heads`` key/value
+    heads: MHA where they are equal (the default), MQA with one, GQA with any number that
+    divides ``n_heads``. The keys and values are only ``n_kv_heads * Dh`` wide each, so the
+    cache is really smaller. Q, K and V come from one packed matrix, ``in_proj`` (rows
+    Q | K | V, as ``nn.MultiheadAttention``'s ``in_proj_weight``).
 
-    ``n_kv_heads = n_heads`` is MHA, ``1`` is MQA, anything dividing ``n_heads`` is GQA; the
-    key and value projections produce only ``n_kv_heads * Dh`` features each, so the cache
-    is really smaller. Q, K and V come from one packed matrix ``in_proj`` (rows Q | K | V,
-    as ``nn.MultiheadAttention``'s ``in_proj_weight``): self-attention projects its input
-    in one matrix multiply, cross-attention its queries with the Q rows and the encoder
-    memory with the K | V rows, and a static cache skips the K | V rows altogether.
-
-    ``d_latent`` switches on an MLA-style variant (DeepSeek-V2, simplified for absolute
-    positions): each key/value token is compressed to a ``d_latent`` vector, only that
-    latent is cached, and K and V are up-projected from it (``kv_up``). ``in_proj`` then
-    packs Q | latent. Keys and values are one input, so MLA is for self-attention: ``k``
-    must be ``v``.
-
-    ``check_rows`` (default): refuse a mask with a query row that allows no key, at the cost
-    of a host read per call; ``False`` for a caller that checked its masks once already.
-
-    ``edit_weights`` (default None) is the hook for experiments on attention: a function
-    ``(weights (B, H, Tq, Tk), allowed) -> weights``. When set, the output is computed from
-    the explicit weights it returns (``weights @ V``) instead of the fused kernel: the
-    interventions replace a layer's attention through it.
-
-    Shapes:
-        q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
-        returns (B, Tq, D) and, with ``need_weights``, weights (B, H, Tq, Tk)
+    ``check_rows``: refuse a mask with a query row that allows no key (``masks.py``);
+    ``edit_weights``: None, or a ``WeightEdit`` whose weights the output is read with instead.
     """
 
     def __init__(
@@ -148,7 +124,6 @@ class MultiHeadAttention(nn.Module):
         n_heads: int,
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
-        d_latent: int | None = None,
         check_rows: bool = True,
     ) -> None:
         super().__init__()
@@ -161,25 +136,20 @@ class MultiHeadAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.d_kv = n_kv_heads * self.d_head  # the width of K, and of V
         self.dropout = dropout
-        self.d_latent = d_latent
-        if d_latent is None:
-            self.in_proj = nn.Linear(d_model, d_model + 2 * self.d_kv)  # Q | K | V
-        else:
-            self.in_proj = nn.Linear(d_model, d_model + d_latent)  # Q | latent, only it cached
-            self.kv_up = nn.Linear(d_latent, 2 * self.d_kv)  # K | V from the latent
-        self.out_proj = nn.Linear(d_model, d_model)
+        self._add_projections()
         self.check_rows = check_rows
         self.edit_weights: WeightEdit | None = None
 
+    def _add_projections(self) -> None:
+        """A method so that a variant (``LatentAttention``) builds its own in the same
+        order: the order decides a seed's initial weights."""
+        self.in_proj = nn.Linear(self.d_model, self.d_model + 2 * self.d_kv)  # Q | K | V
+        self.out_proj = nn.Linear(self.d_model, self.d_model)
+
     def packed_rows(self) -> dict[nn.Parameter, list[int]]:
-        """The blocks of rows each packed weight stacks (Q | K | V, Q | latent, K | V): a
-        model initialises each block as the matrix it stands for."""
-        if self.d_latent is None:
-            return {self.in_proj.weight: [self.d_model, self.d_kv, self.d_kv]}
-        return {
-            self.in_proj.weight: [self.d_model, self.d_latent],
-            self.kv_up.weight: [self.d_kv, self.d_kv],
-        }
+        """The blocks of rows each packed weight stacks (here Q | K | V): a model initialises
+        each block as the matrix it stands for."""
+        return {self.in_proj.weight: [self.d_model, self.d_kv, self.d_kv]}
 
     def forward(
         self,
@@ -190,37 +160,29 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
         cache: AttentionCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        shared_kv = cache is not None and cache.static
-        self._check_inputs(q, k, v, shared_kv)
+        """Each query's read of the values, weighted by how well it matches each key, merged
+        over the heads; with ``need_weights``, the weights too (else None).
+
+        ``allowed`` is a mask (``masks.py``). With a ``cache`` (incremental decoding), K and
+        V are kept between calls: a growing cache appends this call's, a static one
+        (cross-attention) computes them at its first call and reuses them, and may hold one
+        sentence for each ``K = B / Bk`` consecutive query rows (a sentence's beams); its
+        mask is then key padding, (Bk, 1, 1, Tk).
+
+        Shapes:
+            q: (B, Tq, D); k, v: (B, Tk, D); allowed: (Tq, Tk), (B, 1, Tq, Tk) or (B, 1, 1, Tk)
+            returns (B, Tq, D) and, with ``need_weights``, weights (B, H, Tq, Tk)
+        """
+        self._check_inputs(q, k, v, shared_kv=cache is not None and cache.static)
         b, tq, _ = q.shape
+        # 1. Project: Q into H heads, K and V into G heads (from the cache, or into it).
         qh, kh, vh = self.project(q, k, v, cache)  # (B, H, Tq, Dh), (Bk, G, Tk, Dh) x 2
-        bk, tk = kh.shape[0], kh.shape[2]
-        if allowed is not None:
-            check_mask(allowed, bk, tq, tk)
-            if self.check_rows:
-                check_rows(allowed)
-
-        # Beams sharing one source: fold each sentence's beams into extra query rows.
-        group = b // bk
-        if group > 1:
-            if self.edit_weights is not None:
-                raise ValueError("edit_weights takes one source per query row (no shared cache)")
-            qh = qh.view(bk, group, self.n_heads, tq, self.d_head).transpose(1, 2)
-            qh = qh.reshape(bk, self.n_heads, group * tq, self.d_head)  # (Bk, H, K*Tq, Dh)
-            if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
-                raise ValueError("A shared key/value cache takes only a key padding mask")
-        if self.edit_weights is not None:
-            out, weights = self._edited(qh, kh, vh, allowed)
-        else:
-            dropout = self.dropout if self.training else 0.0
-            out, weights = attend(qh, kh, vh, allowed, dropout, need_weights)  # (Bk, H, K*Tq, Dh)
-        if group > 1:
-            out = out.view(bk, self.n_heads, group, tq, self.d_head).transpose(1, 2)
-            out = out.reshape(b, self.n_heads, tq, self.d_head)
-            if weights is not None:
-                weights = weights.view(bk, self.n_heads, group, tq, tk).transpose(1, 2)
-                weights = weights.reshape(b, self.n_heads, tq, tk)
-
+        beams = b // kh.shape[0]  # K: the query rows that share one sentence's cached keys
+        self._check_mask(allowed, beams, tq, kh.shape[0], kh.shape[2])
+        # 2. Attend: softmax(Q Kᵀ / √Dh) V per head, a sentence's beams as more query rows.
+        out, weights = self._attend(fold_beams(qh, beams), kh, vh, allowed, need_weights)
+        out, weights = unfold_beams(out, beams), unfold_beams(weights, beams)  # (B, H, Tq, Dh)
+        # 3. Merge the heads: each position's side by side, then the output projection.
         out = out.transpose(1, 2)  # (B, Tq, H, Dh): heads back beside each position
         out = out.reshape(b, tq, self.d_model)  # (B, Tq, D)
         return self.out_proj(out), weights if need_weights else None
@@ -229,7 +191,9 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Queries, keys and values split into heads, reading and updating ``cache``:
-        (B, H, Tq, Dh) and twice (B, G, Tk, Dh), where a static cache's B may be smaller."""
+        (B, H, Tq, Dh) and twice (Bk, G, Tk, Dh). Self-attention projects its input in one
+        matrix multiply; cross-attention its queries with the Q rows of ``in_proj`` and the
+        encoder memory with the K | V rows, which a filled static cache skips."""
         w, bias, d = self.in_proj.weight, self.in_proj.bias, self.d_model
         reuse = cache is not None and cache.static and cache.length > 0
         if q is k and k is v and not reuse:  # self-attention: one matrix multiply
@@ -237,30 +201,36 @@ class MultiHeadAttention(nn.Module):
         else:
             q_part = F.linear(q, w[:d], bias[:d])
             kv_part = None if reuse else self._kv_input(k, v)
-        if self.d_latent is not None:
-            kh, vh = self._latent_kv(kv_part, cache)
-        elif kv_part is None:
-            kh, vh = cache.k, cache.v
-        else:
-            kh, vh = self._heads(kv_part)
-            if cache is not None:
-                if cache.k is not None:
-                    kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
-                    vh = torch.cat([cache.v, vh], dim=2)
-                cache.k, cache.v = kh, vh
+        kh, vh = self._keys_values(kv_part, cache)
         b, tq = q.shape[:2]
         qh = q_part.view(b, tq, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, Tq, Dh)
         return qh, kh, vh
 
     def _kv_input(self, k: Tensor, v: Tensor) -> Tensor:
-        """The K | V (or latent) features of the keys' and values' inputs: (B, Tk, 2 G Dh)."""
+        """The features ``in_proj`` packs after Q (here K | V: (B, Tk, 2 G Dh)) of the keys'
+        and values' inputs."""
         w, bias, d = self.in_proj.weight, self.in_proj.bias, self.d_model
-        if k is v or self.d_latent is not None:  # cross-attention reads one memory
+        if k is v:  # cross-attention reads one memory
             return F.linear(k, w[d:], bias[d:])
         d_kv = self.d_kv
         key = F.linear(k, w[d : d + d_kv], bias[d : d + d_kv])
         value = F.linear(v, w[d + d_kv :], bias[d + d_kv :])
         return torch.cat([key, value], dim=-1)
+
+    def _keys_values(
+        self, kv: Tensor | None, cache: AttentionCache | None
+    ) -> tuple[Tensor, Tensor]:
+        """K and V from the K | V features, after what ``cache`` holds; ``kv`` None: a static
+        cache's, reused."""
+        if kv is None:
+            return cache.k, cache.v
+        kh, vh = self._heads(kv)
+        if cache is not None:
+            if cache.k is not None:
+                kh = torch.cat([cache.k, kh], dim=2)  # (B, G, P + Tk, Dh)
+                vh = torch.cat([cache.v, vh], dim=2)
+            cache.k, cache.v = kh, vh
+        return kh, vh
 
     def _heads(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """(B, Tk, 2 G Dh) K | V features -> K and V, each (B, G, Tk, Dh)."""
@@ -268,32 +238,35 @@ class MultiHeadAttention(nn.Module):
         kv = kv.view(b, -1, 2, self.n_kv_heads, self.d_head).permute(2, 0, 3, 1, 4)
         return kv[0], kv[1]
 
-    def _latent_kv(
-        self, latent: Tensor | None, cache: AttentionCache | None
-    ) -> tuple[Tensor, Tensor]:
-        """MLA: K and V up-projected from the latent, which alone the cache keeps."""
-        if cache is not None:
-            if latent is None:
-                latent = cache.latent
-            elif cache.latent is not None:
-                latent = torch.cat([cache.latent, latent], dim=1)  # (B, P + Tk, L)
-            cache.latent = latent
-        return self._heads(self.kv_up(latent))
-
-    def _edited(
-        self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """The output from explicit weights that ``edit_weights`` changed: (B, H, Tq, Dh)."""
+    def _attend(
+        self, qh: Tensor, kh: Tensor, vh: Tensor, allowed: Tensor | None, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``attend``; with ``edit_weights`` set, V read with the weights it returns."""
+        if self.edit_weights is None:
+            dropout = self.dropout if self.training else 0.0
+            return attend(qh, kh, vh, allowed, dropout, need_weights)
         _, weights = attend(qh, kh, vh, allowed, need_weights=True)  # (B, H, Tq, Tk)
         weights = self.edit_weights(weights, allowed)
         vh = vh.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # (B, H, Tk, Dh)
         return (weights.to(vh.dtype) @ vh), weights
 
+    def _check_mask(self, allowed: Tensor | None, beams: int, tq: int, bk: int, tk: int) -> None:
+        """``masks.py``'s checks, then what beams sharing a static cache cannot take."""
+        if allowed is not None:
+            check_mask(allowed, bk, tq, tk)
+            if self.check_rows:
+                check_rows(allowed)
+        if beams > 1:
+            if self.edit_weights is not None:
+                raise ValueError("edit_weights takes one source per query row (no shared cache)")
+            if allowed is not None and (allowed.ndim != 4 or allowed.shape[2] != 1):
+                raise ValueError("A shared key/value cache takes only a key padding mask")
+
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, shared_kv: bool) -> None:
         if any(x.ndim != 3 for x in (q, k, v)):
             raise ValueError("Expected [batch, sequence, d_model] inputs")
         same = all(x.shape[0] == q.shape[0] for x in (k, v))
-        # Beams of one sentence may share a static cache: B_q is then a multiple of B_k.
+        # Beams of one sentence may share a static cache: B is then a multiple of Bk.
         shared = shared_kv and k.shape[0] == v.shape[0] and q.shape[0] % k.shape[0] == 0
         if not (same or shared):
             raise ValueError("Query, key and value batch sizes must match")
@@ -303,11 +276,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("At least one key/value is required")
         if k.shape[1] != v.shape[1]:
             raise ValueError("Key and value lengths must match")
-        if self.d_latent is not None and k is not v:
-            raise ValueError(
-                "MLA (d_latent) compresses keys and values from one input: pass the same "
-                "tensor as k and v (self-attention)"
-            )
 
 
 @dataclass
@@ -316,16 +284,16 @@ class AttentionCache:
 
     ``static=False`` (decoder self-attention): K/V grow by the new positions at every call.
     ``static=True`` (cross-attention): K/V are computed from the encoder memory at the first
-    call and reused unchanged; their batch may be smaller than the queries' batch, in which
-    case each block of ``B_q / B_k`` consecutive query rows (the beams of one source
+    call and reused unchanged; their batch ``Bk`` may be smaller than the queries' ``B``, in
+    which case each block of ``K = B / Bk`` consecutive query rows (the beams of one source
     sentence) reads the same keys, so beams share one copy instead of K copies.
-    For MLA the cache holds the per-token latent instead of K and V (``latent``).
+    ``LatentAttention`` keeps the per-token latent instead of K and V (``latent``).
     """
 
     static: bool = False
-    k: Tensor | None = None  # (B, G, Tk, Dh)
-    v: Tensor | None = None  # (B, G, Tk, Dh)
-    latent: Tensor | None = None  # (B, Tk, L)
+    k: Tensor | None = None  # (Bk, G, Tk, Dh)
+    v: Tensor | None = None  # (Bk, G, Tk, Dh)
+    latent: Tensor | None = None  # (B, Tk, Dl), LatentAttention's
 
     @property
     def length(self) -> int:

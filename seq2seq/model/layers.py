@@ -1,8 +1,6 @@
 """Embeddings, sinusoidal positions, feed-forward, and the pre-norm encoder/decoder layers.
 
-The layers' attention trusts the rows of its masks (``check_rows=False``): ``Seq2Seq.encode``
-checks the source padding mask once per batch, and a causal mask always allows a query's own
-position, so no attention call reads a mask on the host.
+The layers' attention trusts the rows of its masks (``check_rows=False``; ``masks.py`` says why).
 
 Letters: ``B`` batch, ``S`` source length, ``T`` target length, ``D`` d_model, ``V`` vocabulary.
 """
@@ -17,6 +15,7 @@ from torch import Tensor, nn
 from seq2seq.config import ModelConfig
 from seq2seq.model.attention import AttentionCache, MultiHeadAttention
 from seq2seq.model.dropout import Dropout
+from seq2seq.model.latent_attention import LatentAttention
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -67,6 +66,15 @@ class FeedForward(nn.Module):
         return self.down(self.dropout(torch.relu(self.up(x))))
 
 
+def _attention(config: ModelConfig, d_latent: int | None = None) -> MultiHeadAttention:
+    """A layer's attention: ``LatentAttention`` with ``d_latent`` set, else ``MultiHeadAttention``."""
+    c = config
+    sizes = (c.d_model, c.n_heads, c.n_kv_heads, c.attn_dropout)
+    if d_latent is None:
+        return MultiHeadAttention(*sizes, check_rows=False)
+    return LatentAttention(*sizes, check_rows=False, d_latent=d_latent)
+
+
 class EncoderLayer(nn.Module):
     """Pre-norm: ``x + SelfAttn(LN(x))``, then ``x + FFN(LN(x))``.
 
@@ -78,9 +86,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         c = config
         self.self_attn_norm = nn.LayerNorm(c.d_model)
-        self.self_attn = MultiHeadAttention(
-            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, check_rows=False
-        )
+        self.self_attn = _attention(c)
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
         self.dropout = Dropout(c.dropout)
@@ -95,25 +101,16 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm: causal self-attention, cross-attention (Q from the target, K/V from the
     encoder memory), feed-forward. Returns the new states and the cross-attention weights
-    (``None`` unless asked for). With ``d_latent`` set, the self-attention alone is MLA:
-    it is the only attention whose K/V grow in the cache."""
+    (``None`` unless asked for). With ``d_latent`` set, the self-attention alone is
+    ``LatentAttention`` (MLA): it is the only attention whose K/V grow in the cache."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
         self.self_attn_norm = nn.LayerNorm(c.d_model)
-        self.self_attn = MultiHeadAttention(
-            c.d_model,
-            c.n_heads,
-            c.n_kv_heads,
-            dropout=c.attn_dropout,
-            d_latent=c.d_latent,
-            check_rows=False,
-        )
+        self.self_attn = _attention(c, d_latent=c.d_latent)
         self.cross_attn_norm = nn.LayerNorm(c.d_model)
-        self.cross_attn = MultiHeadAttention(
-            c.d_model, c.n_heads, c.n_kv_heads, dropout=c.attn_dropout, check_rows=False
-        )
+        self.cross_attn = _attention(c)
         self.ffn_norm = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
         self.dropout = Dropout(c.dropout)

@@ -11,24 +11,23 @@ import torch
 from torch import Tensor, nn
 
 from seq2seq.config import ModelConfig
-from seq2seq.model.attention import DecoderCache, MultiHeadAttention, check_rows
+from seq2seq.model.attention import DecoderCache, MultiHeadAttention
 from seq2seq.model.layers import DecoderLayer, Embedding, EncoderLayer
+from seq2seq.model.masks import causal_mask, check_rows, padding_mask
 from seq2seq.vocab import PAD_ID
 
 
-def padding_mask(src: Tensor) -> Tensor:
-    """True where a source position is a real token: (B, S) -> (B, 1, 1, S)."""
-    return (src != PAD_ID)[:, None, None, :]
-
-
-def causal_mask(n_new: int, n_total: int, device: torch.device) -> Tensor:
-    """Position ``n_total - n_new + i`` may read positions ``<=`` itself: (n_new, n_total)."""
-    offset = n_total - n_new
-    rows = torch.arange(n_new, device=device)[:, None] + offset
-    return rows >= torch.arange(n_total, device=device)[None, :]
-
-
 class Seq2Seq(nn.Module):
+    """The encoder-decoder Transformer (Vaswani et al., 2017) with pre-norm layers: the
+    encoder reads the source into a memory (``encode``), the decoder reads the target so far
+    and that memory into next-token logits (``decode``).
+
+    ``config`` sets the sizes, the attention's key/value heads (``n_kv_heads``) and MLA
+    (``d_latent``, the decoder's self-attention), and which embeddings are one matrix: the
+    source's and the target's (``share_embeddings``, one joint vocabulary), the target's and
+    the output layer's (``tie_output``).
+    """
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c = config
@@ -96,10 +95,9 @@ class Seq2Seq(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor, check: bool = True) -> Tensor:
         """The encoder memory. With ``check`` (the default, for sources from a user),
-        ``src_mask`` is checked here, once per batch, for a sentence with no real token, at
-        the cost of one read on the host; ``decode`` then trusts the same mask. The trainer
-        passes False: its batches always end in EOS, and the read would make every
-        micro-batch wait for the device.
+        ``src_mask`` is checked here, once per batch, for a sentence with no real token
+        (``masks.py``); ``decode`` then trusts the same mask. The trainer passes False: its
+        batches always end in EOS.
 
         Shapes: src (B, S), src_mask (B, 1, 1, S) -> memory (B, S, D)
         """
@@ -125,11 +123,10 @@ class Seq2Seq(nn.Module):
         cross-attention K/V may have a batch that divides ``tgt``'s (beams sharing a
         source), in which case ``memory`` and ``src_mask`` have that smaller batch too.
 
-        ``src_mask`` is the one ``encode`` checked: no row of it is read on the host here, so
-        decoding steps run without a device sync.
+        ``src_mask`` is the one ``encode`` checked.
 
         Shapes:
-            tgt (B, T); memory (Bm, S, D); src_mask (Bm, 1, 1, S); Bm = B or B / beams
+            tgt (B, T); memory (Bk, S, D); src_mask (Bk, 1, 1, S); Bk = B, or B / K for K beams
             -> logits (B, T, V) and per layer weights (B, H, T, S) or None
         """
         start = cache.length if cache is not None else 0
@@ -155,7 +152,10 @@ class Seq2Seq(nn.Module):
         return self.output(self.decoder_norm(x)), weights  # (B, T, V)
 
     def forward(self, src: Tensor, tgt: Tensor, check: bool = True) -> Tensor:
-        """Teacher-forced logits; ``check`` as in ``encode``.
+        """Teacher-forced logits: at every target position, the scores of the next token,
+        from the whole source and the target up to that position (the causal mask hides the
+        rest), in one pass. ``tgt`` is BOS and the target but its EOS (a batch's ``tgt_in``):
+        position ``t``'s logits score the token after it. ``check`` as in ``encode``.
 
         Shapes: src (B, S), tgt (B, T) -> (B, T, V)
         """
