@@ -209,6 +209,16 @@ def test_bench_masks_records_both_masks_memory_and_the_render_shows_it(tmp_path)
     assert "--quick" in section
 
 
+def test_bench_memory_records_rss_at_two_step_counts_and_the_render_shows_it(tmp_path):
+    record, page = bench_record(tmp_path, "bench_memory.py")
+    assert record["steps"] == [5, 10] and set(record["memory"]) == {"5", "10"}
+    peaks = [record["memory"][s]["peak_rss_mb"] for s in ("5", "10")]
+    assert 0 < peaks[0] <= peaks[1]  # a peak never falls
+    assert record["peak_growth_mb_per_step"] == (peaks[1] - peaks[0]) / 5
+    section = page.split("## Memory through a training run")[1].split("\n## ")[0]
+    assert f"| 10 | {peaks[1]:,.0f} |" in section and "--quick" in section
+
+
 def run_bench_feed(out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     done = subprocess.run(
         [sys.executable, str(REPO / "experiments" / "bench_feed.py"), "--quick", "--threads", "1"]

@@ -292,6 +292,40 @@ def test_bf16_autocast_trains(tmp_path, monkeypatch, capsys):
     assert len(losses) == 3 and all(0 < loss < 20 for loss in losses)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_training_loop_keeps_no_tensor_from_one_step_to_the_next(
+    tmp_path, monkeypatch, precision
+):
+    """A tensor (a loss, a graph, a cast weight) kept by any step is memory that grows for the
+    whole run: the live tensors after step 4 and after step 12 are the same count."""
+    import gc
+    import warnings
+
+    from seq2seq.training.trainer import Trainer
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    config = tiny_config(
+        train__max_steps=12, train__precision=precision, train__validate_every=10**6
+    )
+    trainer = Trainer(config, tmp_path, Runtime(), False, False, False)
+    counts, after_step = {}, trainer.after_step
+
+    def counted(*args: object) -> None:
+        after_step(*args)
+        gc.collect()
+        with warnings.catch_warnings():  # a deprecated torch alias warns when it is looked at
+            warnings.simplefilter("ignore", FutureWarning)
+            counts[trainer.state.step] = sum(torch.is_tensor(o) for o in gc.get_objects())
+
+    trainer.after_step = counted
+    trainer.model.train()
+    while trainer.state.stop_reason is None:
+        trainer.train_epoch()
+    trainer.log.close()
+    assert trainer.state.epoch >= 1  # the count spans an epoch's end too
+    assert counts[12] == counts[4]
+
+
 def test_sigterm_saves_the_state_and_the_run_resumes(tmp_path):
     run = tmp_path / "run"
     config_file = write_tiny_yaml(tmp_path / "tiny.yaml", train__max_steps=100000)

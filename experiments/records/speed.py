@@ -24,6 +24,7 @@ NEEDS = {
     "masks-memory": (*_TRAINED, "steps", "masks"),
     "masks-time": (*_TRAINED, "rounds", "steps_per_round", "masks"),
     "gpu-check": ("environment", "calls"),
+    "training-memory": (*_TRAINED, "steps", "memory", "peak_growth_mb_per_step"),
 }
 
 
@@ -39,6 +40,7 @@ def speed_sections(folders: list[Path]) -> str:
         ("masks-memory", "Dropout masks: training memory", masks_memory),
         ("masks-time", "Dropout masks: step time", masks_time),
         ("gpu-check", "On a GPU: gpu_check", gpu_check),
+        ("training-memory", "Memory through a training run", training_memory),
     ):
         found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
         parts.append(f"## {title}\n\n" + ("\n\n".join(found) or "No benchmark records yet."))
@@ -167,6 +169,26 @@ def masks_time(name: str, b: dict[str, Any]) -> str:
         for mask, m in b["masks"].items()
     ]
     return _masks_section(name, b, how, "ms/step (median) | min–max", rows)
+
+
+def training_memory(name: str, b: dict[str, Any]) -> str:
+    """``bench_memory.py``: resident memory at two step counts, and the peak's growth."""
+    lines = [
+        f"### `{name}`",
+        "",
+        f"{_model_line(b)}; the trainer's own epochs without validations.{_quick(b)}{_command(b)}",
+        "",
+        "| step | peak RSS, MB | RSS, MB |",
+        "|---:|---:|---:|",
+    ]
+    for step in b["steps"]:
+        m = b["memory"][str(step)]
+        now = f"{m['rss_mb']:,.0f}" if "rss_mb" in m else "–"
+        lines.append(f"| {step:,} | {m['peak_rss_mb']:,.0f} | {now} |")
+    first, last = b["steps"]
+    growth = b["peak_growth_mb_per_step"]
+    lines += ["", f"Peak growth from step {first:,} to {last:,}: {growth:.2f} MB a step."]
+    return "\n".join(lines)
 
 
 def _masks_section(name: str, b: dict[str, Any], how: str, columns: str, rows: list[str]) -> str:
