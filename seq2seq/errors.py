@@ -61,13 +61,13 @@ _TextLoader.yaml_implicit_resolvers = {}
 _TextLoader.add_implicit_resolver(
     "tag:yaml.org,2002:null", re.compile(r"^(?:~|null|Null|NULL|)$"), ["~", "n", "N", ""]
 )
-_BOOLEANS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False}
-_BOOLEANS["FALSE"] = False  # YAML 1.2's spellings; yes, no, on and off are words
+# YAML 1.2's spellings (true, True, TRUE, ...); yes, no, on and off are words
+_BOOLEANS = {s: b for b in (True, False) for s in (str(b).lower(), str(b), str(b).upper())}
 
 
 def read_yaml(text: str) -> Any:
     """``text`` as YAML, its scalars left as text for the config's fields to read."""
-    return yaml.load(text, Loader=_TextLoader)  # noqa: S506 (a SafeLoader)
+    return yaml.load(text, Loader=_TextLoader)  # a SafeLoader: no Python objects
 
 
 def read_field(value: Any, annotation: Any, where: str) -> Any:
@@ -97,9 +97,9 @@ def read_field(value: Any, annotation: Any, where: str) -> Any:
         if isinstance(value, bool) or (isinstance(value, str) and value in _BOOLEANS):
             return _BOOLEANS.get(value, value)
         raise Seq2SeqError(f"config {where}: expected true or false, got {value!r}")
-    if annotation is int:  # from Python too, what a flag could have typed: no sign, 18 digits
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        number = whole_number(value if isinstance(value, str) else str(value) if is_int else "")
+    if annotation is int:  # what a flag could have typed, from Python too: no sign, 18 digits
+        text = value if isinstance(value, str) else str(value) if type(value) is int else ""
+        number = whole_number(text)
         if number is not None:
             return number
         raise Seq2SeqError(f"config {where}: expected {WHOLE_NUMBER}, got {value!r}")
