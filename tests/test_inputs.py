@@ -51,8 +51,22 @@ FLOATS = [-math.inf, -1e300, -10.0001, -10.0, -1.0, -1e-300, -0.0, 0.0, 1e-300, 
 FLOATS += [0.5, 0.9999999, 1.0, 1.0000001, 1.5, 10.0, 10.000001, float(MAX_MINUTES)]
 FLOATS += [MAX_MINUTES + 0.5, 1e307, 1.7e308, math.inf, math.nan]
 WORDS = ["auto", "all", "cpu", "cuda", "cuda:0", "cuda:99999999999999999999", "mps", "tpu"]
-WORDS += ["bf16", "tf32", "fp32", "fp16", "bpe", "unigram", "word", "true", "false", "yes"]
-WORDS += ["no", "null", "~", "", "1,2", "en,fr", "1,1", "2016", "010", "0x1F", "1_000", "1:30"]
+WORDS += ["bf16", "tf32", "fp32", "fp16", "bpe", "unigram", "word", "true", "false", "yes", "adam"]
+WORDS += [
+    "no",
+    "null",
+    "~",
+    "",
+    "1,2",
+    "en,fr",
+    "1,1",
+    "2016",
+    "010",
+    "0x1F",
+    "1_000",
+    "1:30",
+    "muon",
+]
 WORDS += [".nan", ".inf", "1e3", "-1", "[0.9, 0.98]", "[2, 0.5]", "[]", "{}", "a: b", "#", "٤"]
 
 numbers = st.one_of(
