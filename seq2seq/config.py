@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from seq2seq.config_checks import data_checks, model_checks, train_checks
-from seq2seq.errors import Seq2SeqError, finite_number
+from seq2seq.errors import Seq2SeqError, read_field, read_yaml
 
 
 @dataclass
@@ -122,7 +122,7 @@ class TrainConfig:
     precision: str = "auto"  # "bf16" autocast where native (CPU), "tf32" on CUDA; see precision.py
     # torch.compile of the training step: "auto" (only where measured faster: see
     # seq2seq/training/compiling.py; on CPU it was not), true, or false.
-    compile: str | bool = "auto"
+    compile: bool | str = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     prefetch: int = 2  # steps' batches padded (pinned on CUDA) ahead, on a thread (0 = none)
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
@@ -161,6 +161,12 @@ class TrainConfig:
         return f"budget: {limit}{cool}; " + ", ".join(also)
 
 
+# The widest beam the literature studies (Koehn and Knowles 2017 search with up to 1,000);
+# a search keeps K hypotheses' caches per sentence, so memory grows with K long before the
+# BLEU does (it falls past a dozen or so).
+MAX_BEAM = 1000
+
+
 @dataclass
 class DecodeConfig:
     """How to decode: a run's ``decode`` section, and the one settings object every search,
@@ -179,8 +185,10 @@ class DecodeConfig:
 
     def check(self) -> None:
         """One-line errors for settings no search can run."""
-        if self.beam < 1:
-            raise Seq2SeqError(f"decode.beam must be >= 1 (1 = greedy), got {self.beam}")
+        if not 1 <= self.beam <= MAX_BEAM:
+            raise Seq2SeqError(
+                f"decode.beam must be between 1 (greedy) and {MAX_BEAM}, got {self.beam}"
+            )
         if not 1 <= self.nbest <= self.beam:
             raise Seq2SeqError(
                 f"decode.nbest must be between 1 and decode.beam, got nbest {self.nbest} "
@@ -216,48 +224,13 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Check ``value`` against a field annotation, converting YAML scalars where harmless."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if any(type(value) is a for a in inner):  # str | bool: a YAML true stays a bool
-            return value
-        return _coerce(value, inner[0], where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise Seq2SeqError(
-                f"config {where}: expected a list of {len(args)} values, got {value!r}"
-            )
-        return tuple(_coerce(v, a, where) for v, a in zip(value, args, strict=False))
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise Seq2SeqError(f"config {where}: expected true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise Seq2SeqError(f"config {where}: expected an integer, got {value!r}")
-    if annotation is float:  # YAML 1.1 reads "5e-4" (no dot) as a string; finite_number too
-        number = finite_number(value)
-        if number is None:
-            raise Seq2SeqError(
-                f"config {where}: expected a finite number in ASCII digits, got {value!r}"
-            )
-        return number
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise Seq2SeqError(f"config {where}: expected a string, got {value!r}")
-    return value
-
-
-def _update(obj: Any, values: dict[str, Any], prefix: str) -> None:
+def _read(obj: Any, values: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """``values`` (nested by section) read as the fields of ``obj`` take them, as YAML holds
+    them (a list for a tuple); an unknown key or a value of another type is a one-line error
+    naming it."""
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
+    read: dict[str, Any] = {}
     for key, value in values.items():
         where = f"{prefix}{key}"
         if key not in names:
@@ -266,9 +239,18 @@ def _update(obj: Any, values: dict[str, Any], prefix: str) -> None:
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
                 raise Seq2SeqError(f"config {where}: expected a mapping, got {value!r}")
-            _update(current, value, where + ".")
+            read[key] = _read(current, value, where + ".")
         else:
-            setattr(obj, key, _coerce(value, hints[key], where))
+            read[key] = _plain(read_field(value, hints[key], where))
+    return read
+
+
+def _update(obj: Any, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict):
+            _update(getattr(obj, key), value)
+        else:
+            setattr(obj, key, tuple(value) if isinstance(value, list) else value)
 
 
 def budget_rule(values: dict[str, Any]) -> dict[str, Any]:
@@ -323,23 +305,29 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     config = Config()
     if not isinstance(values, dict):
         raise Seq2SeqError("config: the top level must be a mapping of sections")
-    _update(config, dropout_rule(budget_rule(values)), "")
+    _update(config, _read(config, dropout_rule(budget_rule(values)), ""))
     validate(config)
     return config
 
 
 def parse_override(text: str) -> dict[str, Any]:
-    """``train.lr=5e-4`` -> ``{"train": {"lr": 0.0005}}`` (the value is read as YAML)."""
+    """``train.lr=5e-4`` -> ``{"train": {"lr": "5e-4"}}``: the value as typed, for its field
+    to read (``null`` or ``~`` alone is None, a list is YAML: ``train.betas=[0.9, 0.98]``)."""
     if "=" not in text:
-        raise Seq2SeqError(f"--set expects section.key=value, got '{text}'")
+        raise Seq2SeqError(f"--set expects section.key=value, got {text!r}")
     dotted, raw = text.split("=", 1)
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    return nest({dotted.strip(): None if raw.strip() in ("null", "~") else raw})
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"train.seed": 5}`` -> ``{"train": {"seed": 5}}``."""
     nested: dict[str, Any] = {}
-    node = nested
-    parts = dotted.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
+    for dotted, value in flat.items():
+        *parents, name = dotted.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = value
     return nested
 
 
@@ -352,15 +340,22 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file, then each ``--set`` override, in that order."""
-    return config_from_dict(given_values(path, overrides))
+def load_config(
+    path: str | Path | None = None, overrides: list[str] = (), flags: dict[str, Any] | None = None
+) -> Config:
+    """Defaults, then the YAML file, then the ``flags``' values, then each ``--set``
+    override, in that order."""
+    return config_from_dict(given_values(path, overrides, flags))
 
 
-def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> dict[str, Any]:
-    """What the YAML file and the ``--set`` overrides set, nested by section; no defaults.
+def given_values(
+    path: str | Path | None = None, overrides: list[str] = (), flags: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What the YAML file, the flags (values by dotted key: ``{"train.seed": 5}``, None = not
+    given) and the ``--set`` overrides set, read by their fields and nested by section; no
+    defaults.
 
-    ``dropout_rule`` and ``budget_rule`` read the file and the overrides apart: a
+    ``dropout_rule`` and ``budget_rule`` read the file and the command line apart: a
     ``model.dropout`` set on the command line holds from the first step even over a file that
     schedules it (a run's saved ``config.yaml`` always does), unless the command line sets
     ``train.early_dropout`` too; a step or epoch budget on the command line is the budget
@@ -369,7 +364,7 @@ def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> d
     values: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            loaded = read_yaml(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise Seq2SeqError(f"config file not found: {path}") from None
         except (yaml.YAMLError, UnicodeDecodeError) as e:
@@ -379,20 +374,22 @@ def given_values(path: str | Path | None = None, overrides: list[str] = ()) -> d
         values = loaded or {}
         if not isinstance(values, dict):
             raise Seq2SeqError(f"config file {path}: the top level must be a mapping of sections")
-        values = dropout_rule(budget_rule(values))
-    given: dict[str, Any] = {}
+        values = dropout_rule(budget_rule(_read(Config(), values, "")))
+    given = nest({key: value for key, value in (flags or {}).items() if value is not None})
     for text in overrides:
         given = _merge(given, parse_override(text))
-    return _merge(values, dropout_rule(budget_rule(given)))
+    return _merge(values, dropout_rule(budget_rule(_read(Config(), given, ""))))
+
+
+def _plain(value: Any) -> Any:
+    """A value as YAML holds it: a tuple as a list."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def config_to_dict(config: Config) -> dict[str, Any]:
-    def plain(v: Any) -> Any:
-        return list(v) if isinstance(v, tuple) else v
-
     return {
         section.name: {
-            k: plain(v) for k, v in dataclasses.asdict(getattr(config, section.name)).items()
+            k: _plain(v) for k, v in dataclasses.asdict(getattr(config, section.name)).items()
         }
         for section in dataclasses.fields(config)
     }

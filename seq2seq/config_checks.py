@@ -23,6 +23,14 @@ def setting_of(value: object) -> str:
 # Far above anything this toolkit trains, low enough that a tampered config.yaml cannot make
 # load_run build layers until memory runs out.
 _MAX_LAYERS, _MAX_WIDTH, _MAX_VOCAB, _MAX_POSITIONS = 64, 16384, 1_000_000, 65536
+# A 32-bit seed: numpy's generators take no negative one, and torchrun's rank r draws from
+# seed * 1_000_003 + r (runtime.seed_ranks), which stays within torch.manual_seed's 64 bits
+# for every such seed on any number of ranks.
+MAX_SEED = 2**32 - 1
+MAX_THREADS = 1024  # SentencePiece's trainer refuses more (and torch's count is a C int)
+# A year of minutes: longer is no budget at all (0 = none says so), and minutes * 60 of
+# anything near float's limit is infinite, which no clock compares with.
+MAX_MINUTES = 525_600
 
 
 Check = tuple[bool, str]  # a value passes, or the message naming its key
@@ -82,6 +90,12 @@ def train_checks(t: Any) -> list[Check]:
             0 < t.lr <= 10 and t.warmup_steps >= 0,
             "train.lr must be in (0, 10] and train.warmup_steps >= 0",
         ),
+        (0 <= t.seed <= MAX_SEED, f"train.seed must be between 0 and {MAX_SEED}"),
+        (
+            all(0.0 <= beta < 1.0 for beta in t.betas),
+            "train.betas must be two numbers in [0, 1) (Adam's moment decays)",
+        ),
+        (t.weight_decay >= 0, "train.weight_decay must be >= 0"),
         (0.0 <= t.label_smoothing < 1.0, "train.label_smoothing must be in [0, 1)"),
         (t.optimizer in ("adam", "muon"), "train.optimizer must be 'adam' or 'muon'"),
         (
@@ -112,7 +126,10 @@ def train_checks(t: Any) -> list[Check]:
             re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
             "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
         ),
-        (t.max_time is None or t.max_time >= 0, "train.max_time must be >= 0 (minutes; 0 = none)"),
+        (
+            t.max_time is None or 0 <= t.max_time <= MAX_MINUTES,
+            f"train.max_time must be between 0 and {MAX_MINUTES} minutes, a year (0 = no limit)",
+        ),
         (
             t.keep_last >= 0 and 0 <= t.average_last <= t.keep_last,
             "train.average_last must be between 0 and train.keep_last",
@@ -120,7 +137,12 @@ def train_checks(t: Any) -> list[Check]:
         (t.log_every >= 1, "train.log_every must be >= 1"),
         (t.patience >= 1, "train.patience must be >= 1"),
         (t.max_steps is None or t.max_steps >= 1, "train.max_steps must be >= 1"),
-        (t.threads is None or t.threads >= 1, "train.threads must be >= 1"),
+        (
+            t.threads is None or 1 <= t.threads <= MAX_THREADS,
+            f"train.threads must be between 1 and {MAX_THREADS}",
+        ),
+        (t.valid_bleu_sentences >= 1, "train.valid_bleu_sentences must be >= 1"),
+        (t.attention_sentences >= 0, "train.attention_sentences must be >= 0 (0 = none)"),
         (t.prefetch >= 0, "train.prefetch must be >= 0 (0 = no prefetching)"),
         (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
         (
@@ -137,7 +159,15 @@ def data_checks(d: Any, m: Any) -> list[Check]:
         (d.max_tokens >= d.max_len + 2, "data.max_tokens must be at least data.max_len + 2"),
         (d.max_len + 2 <= m.max_positions, "data.max_len + 2 must fit in model.max_positions"),
         (d.spm_model_type in ("bpe", "unigram"), "data.spm_model_type must be 'bpe' or 'unigram'"),
-        (d.vocab_size >= 8, "data.vocab_size must be >= 8"),
+        (
+            8 <= d.vocab_size <= _MAX_VOCAB,
+            f"data.vocab_size must be between 8 and {_MAX_VOCAB}",
+        ),
+        (d.max_len >= 1, "data.max_len must be >= 1"),
+        (
+            d.carve_valid >= 0 and d.carve_test >= 0,
+            "data.carve_valid and data.carve_test must be >= 0",
+        ),
         (0.0 <= d.subword_alpha < 1.0, "data.subword_alpha must be in [0, 1) (0 = off)"),
         (
             0 <= d.subword_epochs[0] <= d.subword_epochs[1],

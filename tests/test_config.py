@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from test_train import REPO, SUBPROCESS_TIMEOUT_S, subprocess_env
 
 from seq2seq.commands.cli import main
-from seq2seq.config import Config, config_from_dict, config_to_dict, load_config, parse_override
+from seq2seq.config import Config, config_from_dict, config_to_dict, given_values, load_config
 from seq2seq.errors import Seq2SeqError
 
 
@@ -41,7 +43,7 @@ def test_defaults_round_trip_through_yaml(tmp_path):
     ],
 )
 def test_set_parsing(text, expected):
-    assert parse_override(text) == expected
+    assert given_values(None, [text]) == expected
 
 
 def test_set_needs_an_equals_sign():
@@ -68,7 +70,7 @@ def test_set_accepts_exponent_floats():
     [
         (["train.nope=1"], "unknown key 'train.nope' \\(known: accum_steps"),
         (["nope.lr=1"], "unknown key 'nope' \\(known: data, decode, model, train\\)"),
-        (["model.d_model.x=1"], "model.d_model: expected an integer"),
+        (["model.d_model.x=1"], "model.d_model: expected a whole number"),
     ],
 )
 def test_unknown_keys_are_errors(overrides, match):
@@ -85,12 +87,14 @@ def test_unknown_key_in_a_file(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        (["model.d_model=big"], "model.d_model: expected an integer, got 'big'"),
-        (["model.d_model=32.5"], "model.d_model: expected an integer"),
-        (["model.d_model=true"], "model.d_model: expected an integer"),  # bool is not an int here
+        (
+            ["model.d_model=big"],
+            "model.d_model: expected a whole number of at most 18 ASCII digits, got 'big'",
+        ),
+        (["model.d_model=32.5"], "model.d_model: expected a whole number"),
+        (["model.d_model=true"], "model.d_model: expected a whole number"),  # bool is no int here
         (["train.lr=fast"], "train.lr: expected a finite number"),
         (["data.joint_vocab=yes please"], "data.joint_vocab: expected true or false"),
-        (["data.src=3"], "data.src: expected a string"),
         (["train.betas=0.9"], "train.betas: expected a list of 2 values"),
         (["train.betas=[0.9, 0.98, 0.1]"], "train.betas: expected a list of 2 values"),
         (["train=3"], "config train: expected a mapping"),
@@ -116,13 +120,20 @@ def test_type_errors(overrides, match):
     ],
 )
 def test_a_float_is_a_finite_number_in_ascii_digits_from_set_and_from_a_file(override, tmp_path):
+    key = override.split("=")[0]
+    refused_by_set_and_file(
+        override, f"config {key}: expected a finite number in ASCII digits", tmp_path
+    )
+
+
+def refused_by_set_and_file(override: str, match: str, tmp_path) -> None:
+    """``override`` is a one-line error matching ``match`` as a --set and as a file's line."""
     key, value = override.split("=")
-    message = f"config {key}: expected a finite number in ASCII digits, got "
-    one_line_error([override], message)
+    one_line_error([override], match)
     section, name = key.split(".")
     path = tmp_path / "run.yaml"
     path.write_text(f"{section}:\n  {name}: {value}\n", encoding="utf-8")
-    with pytest.raises(Seq2SeqError, match=message):
+    with pytest.raises(Seq2SeqError, match=match):
         load_config(path)
 
 
@@ -143,7 +154,7 @@ def test_a_float_is_a_finite_number_in_ascii_digits_from_set_and_from_a_file(ove
         (["train.max_epochs=0"], "max_epochs must be >= 1"),
         (["train.precision=fp16"], "precision must be 'auto', 'bf16', 'tf32' or 'fp32'"),
         (["train.device=tpu"], "device must be"),
-        (["train.max_time=-1"], "max_time must be >= 0"),
+        (["train.max_time=-1"], "max_time must be between 0 and"),
         (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),
         (["train.optimizer=sgd"], "train.optimizer must be 'adam' or 'muon'"),
         (["train.muon_lr=0"], "train.muon_lr must be in \\(0, 10\\] or null"),
@@ -175,6 +186,61 @@ def test_absurd_values_are_rejected(overrides, match):
 )
 def test_more_absurd_values_are_rejected(override):
     one_line_error([override], override.split("=")[0])  # the message names the key
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "train.seed=-1",  # numpy's generators refuse it, after the store is written
+        "train.seed=4294967296",
+        "train.seed=18446744073709551616",
+        "train.weight_decay=-1",  # torch's Adam refuses these two
+        "train.betas=[2, 0.5]",
+        "train.betas=[0.9, 1]",
+        "train.max_time=1e307",  # minutes * 60 is infinite: NaN in the progress bar
+        "train.threads=1025",  # SentencePiece's trainer refuses it
+        "train.threads=2147483648",  # torch's too
+        "train.valid_bleu_sentences=0",
+        "train.attention_sentences=-1",
+        "data.vocab_size=100000000000000000",  # SentencePiece's int
+        "data.max_len=0",
+        "data.carve_valid=-1",
+        "decode.beam=1001",
+    ],
+)
+def test_values_torch_numpy_or_the_os_would_refuse_are_refused_naming_the_key(override, tmp_path):
+    refused_by_set_and_file(override, override.split("=")[0], tmp_path)
+
+
+def test_every_seed_the_config_takes_seeds_every_rank():
+    """``seed_ranks`` gives rank r the seed ``seed * 1_000_003 + r``: within manual_seed's
+    64 bits for the largest seed the config takes, on a thousand ranks."""
+    from seq2seq.config_checks import MAX_SEED
+    from seq2seq.run.runtime import Runtime, seed_ranks
+
+    seed = load_config(None, [f"train.seed={MAX_SEED}"]).train.seed
+    state = torch.get_rng_state()
+    try:
+        for rank in (1, 999):
+            seed_ranks(seed, Runtime(rank=rank, world=1000))
+    finally:
+        torch.set_rng_state(state)
+    assert load_config(None, ["train.seed=0"]).train.seed == 0
+    one_line_error([f"train.seed={MAX_SEED + 1}"], f"train.seed must be between 0 and {MAX_SEED}")
+    with pytest.raises(Seq2SeqError, match="train.seed: expected a whole number"):
+        config_from_dict({"train": {"seed": -1}})  # a Python caller's, read as the flag's
+
+
+def test_a_negative_seed_is_refused_alike_by_the_flag_set_and_yaml(tmp_path, capsys):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  seed: -1\n")
+    out = str(tmp_path / "run")
+    for argv in (["--seed", "-1"], ["--set", "train.seed=-1"], ["--config", str(path)]):
+        with contextlib.suppress(SystemExit):
+            assert main(["train", "--out", out, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "expected a whole number of at most 18 ASCII digits, got '-1'" in err, argv
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_bad_config_is_one_line_and_exit_2(tmp_path):
@@ -305,3 +371,61 @@ def test_subword_regularisation_is_off_by_default_and_follows_its_epochs():
 )
 def test_bad_subword_settings_are_one_line_errors(overrides, match):
     one_line_error(overrides, match)
+
+
+@pytest.mark.parametrize("typed", ["010", "1_000", "0x1F", "0b11", "1:30", "+5", "1e3", "١٠"])
+def test_set_and_yaml_read_a_number_as_its_flag_does(typed, tmp_path, capsys):
+    """``--max-steps`` reads ASCII digits alone; so do ``--set train.max_steps`` and a file's
+    ``max_steps`` (YAML 1.1 read 010 as 8, 1:30 as 90, 0x1F as 31)."""
+    from seq2seq.commands.cli import build_parser, config_flags
+
+    try:
+        args = build_parser().parse_args(["train", "--out", "run", "--max-steps", typed])
+    except SystemExit:
+        by_flag = None
+    else:
+        by_flag = load_config(None, [], config_flags(args)).train.max_steps
+    capsys.readouterr()
+    path = tmp_path / "run.yaml"
+    path.write_text(f"train:\n  max_steps: {typed}\n", encoding="utf-8")
+    for read in (
+        lambda: load_config(None, [f"train.max_steps={typed}"]),
+        lambda: load_config(path),
+    ):
+        if by_flag is None:
+            with pytest.raises(Seq2SeqError, match="train.max_steps: expected a whole number"):
+                read()
+        else:
+            assert read().train.max_steps == by_flag == int(typed)
+
+
+@pytest.mark.parametrize("text", ["no", "2016", "corpus #2", "off", "null", "~", "1e3", "0x1F"])
+def test_a_string_field_keeps_the_text_typed_from_a_flag_set_and_yaml(text, tmp_path):
+    from seq2seq.commands.cli import build_parser, config_flags
+
+    args = build_parser().parse_args(["data", "--data", text, "--src", text, "--tgt", "en"])
+    flagged = load_config(None, [], config_flags(args)).data
+    assert (flagged.data, flagged.src) == (text, text)  # a flag is a value, never YAML
+    if text in ("null", "~"):  # --set's and YAML's null alone
+        return
+    assert load_config(None, [f"data.data={text}", f"data.src={text}"]).data.src == text
+    assert load_config(None, [f"data.data={text}"]).data.data == text
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({"data": {"data": text, "src": text}}), encoding="utf-8")
+    assert load_config(path).data.data == text
+    path.write_text(f"data:\n  src: {text}\n  data: '{text}'\n", encoding="utf-8")  # unquoted
+    assert load_config(path).data.src == text.split(" #")[0]  # YAML's comment, in a file
+
+
+def test_a_norwegian_corpus_in_a_folder_named_by_a_year_prepares(tmp_path, capsys):
+    """``--src no`` was YAML 1.1's false, ``2016`` an integer and `` #2`` a comment."""
+    folder = tmp_path / "2016 #2"
+    folder.mkdir()
+    sample = REPO / "data" / "sample"
+    for split in ("train", "valid", "test"):
+        (folder / f"{split}.no").write_bytes((sample / f"{split}.de").read_bytes())
+        (folder / f"{split}.en").write_bytes((sample / f"{split}.en").read_bytes())
+    argv = ["data", "--data", str(folder), "--src", "no", "--tgt", "en", "--vocab-size", "200"]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "no-en" in out and "train" in out

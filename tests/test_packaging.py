@@ -152,3 +152,54 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_an
     assert (run / "model.safetensors").is_file()
     assert len(done["translate"].stdout.splitlines()) == 1  # one translation for one line
     assert "line 1: source Tk=" in done["translate"].stderr
+
+
+# The torch APIs the package calls that are newer than its floor, with the release that brought
+# each (read in the 2.2.2, 2.3.0, 2.6.0 and 2.7.0 wheels' sources). Each is reached only
+# through getattr or hasattr, or imported in a try that has a fallback, so a torch of the
+# floor runs without them (train, resume, translate, evaluate, attention and torch.compile
+# ran under torch 2.2.2 on CPU).
+NEWER_THAN_THE_FLOOR = {
+    "torch.compiler.is_compiling": "2.3",
+    "torch._dynamo.exc.FailOnRecompileLimitHit": "2.6",
+    "torch._inductor.exc.InductorError": "2.7",
+    "torch._dynamo.config.recompile_limit": "2.7",
+    "torch._dynamo.config.fail_on_recompile_limit_hit": "2.7",
+}
+
+
+def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Whether ``node`` sits in the body of a try that catches ImportError or AttributeError."""
+    while node in parents:
+        node, child = parents[node], node
+        if isinstance(node, ast.Try) and child in node.body:
+            caught = {ast.unparse(h.type) for h in node.handlers if h.type is not None}
+            if caught & {"ImportError", "AttributeError", "ModuleNotFoundError"}:
+                return True
+    return False
+
+
+def _unguarded_torch_names(tree: ast.AST) -> set[str]:
+    """Every dotted torch name the module reads or imports outside such a try."""
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+            found = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Attribute) and ast.unparse(node).startswith("torch."):
+            found = [ast.unparse(node)]
+        else:
+            continue
+        if not _guarded(node, parents):
+            names.update(found)
+    return names
+
+
+def test_the_torch_floor_has_every_torch_api_the_package_reads_unguarded():
+    floor = re.search(r'"torch>=([0-9.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert f"any torch >= {floor}" in (REPO / "README.md").read_text()
+    assert all(since > floor for since in NEWER_THAN_THE_FLOOR.values())
+    for path in sorted((REPO / "seq2seq").rglob("*.py")):
+        used = _unguarded_torch_names(ast.parse(path.read_text(encoding="utf-8")))
+        newer = [name for name in NEWER_THAN_THE_FLOOR if any(u.startswith(name) for u in used)]
+        assert not newer, f"{path.relative_to(REPO)} reads {newer} with no fallback"

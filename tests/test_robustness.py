@@ -372,7 +372,7 @@ HOSTILE = {
     "config zero heads": (edit_config("n_heads: 4", "n_heads: 0"), "model.d_model"),
     "config wrong type": (
         edit_config("d_ff: 64", "d_ff: sixty-four"),
-        "model.d_ff: expected an integer",
+        "model.d_ff: expected a whole number",
     ),
     "config huge width": (
         edit_config("d_model: 32", "d_model: 320000000000"),

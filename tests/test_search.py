@@ -357,7 +357,7 @@ def test_translate_batch_dispatches_on_beam(trained):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"beam": 0}, "decode.beam must be >= 1"),
+        ({"beam": 0}, r"decode.beam must be between 1 \(greedy\) and 1000"),
         ({"beam": 2, "nbest": 3}, "decode.nbest must be between 1 and decode.beam"),
         ({"max_len_a": -0.5}, "decode.max_len_a must be >= 0"),
         ({"max_len_b": -1}, "decode.max_len_b >= 0"),

@@ -103,6 +103,13 @@ def test_a_length_rule_beyond_a_float_stops_at_the_model_positions(run_dir, caps
     assert capsys.readouterr().out.count("\n") == 1
 
 
+def test_a_beam_past_its_cap_is_one_line_and_exit_2_not_an_allocation(run_dir, capsys):
+    assert main(["translate", str(run_dir), "--beam", "999999999999999999", "Hallo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "decode.beam must be between 1 (greedy) and 1000" in err
+    assert main(["translate", str(run_dir), "--beam", "1000", "Hallo"]) == 0  # the cap decodes
+
+
 def test_stream_writes_each_chunk_before_reading_on(translator):
     lines = SENTENCES * 2
     consumed = []

@@ -87,19 +87,32 @@ def _add_config_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(flags: dict[str, object], given: list[str]) -> list[str]:
-    """The flags given (not None) as ``--set`` strings, then the ``--set`` ones, which win."""
-    return [f"{k}={v}" for k, v in flags.items() if v is not None] + given
-
-
-def _data_flags(args: argparse.Namespace) -> dict[str, object]:
-    """The corpus options ``train`` and ``data`` share, as config keys."""
-    return {
+def config_flags(args: argparse.Namespace) -> dict[str, object]:
+    """The config values the flags of ``train`` or ``data`` give, by dotted key (None = not
+    given): the values themselves, never ``--set`` text, so ``--src no`` is Norwegian and
+    ``--data 2016`` a folder."""
+    flags = {
         "data.data": args.data,
         "data.src": args.src,
         "data.tgt": args.tgt,
         "data.test_split": args.test_split,
         "data.columns": args.columns,
+    }
+    if args.command == "data":
+        return {
+            **flags,
+            "data.vocab_size": args.vocab_size,
+            "data.max_len": args.max_train_len,
+            "data.max_tokens": args.max_tokens,
+        }
+    return {
+        **flags,
+        "train.max_epochs": args.max_epochs,
+        "train.max_time": args.max_time,
+        "train.max_steps": args.max_steps,
+        "train.seed": args.seed,
+        "train.device": args.device,
+        "train.precision": "fp32" if args.fp32 else None,
     }
 
 
@@ -112,13 +125,7 @@ def _run_data(args: argparse.Namespace) -> int:
     from seq2seq.data.tokenizer import Tokenizer
     from seq2seq.fileio import atomic_write_text
 
-    flags = {
-        **_data_flags(args),
-        "data.vocab_size": args.vocab_size,
-        "data.max_len": args.max_train_len,
-        "data.max_tokens": args.max_tokens,
-    }
-    config = load_config(args.config, _overrides(flags, args.overrides))
+    config = load_config(args.config, args.overrides, config_flags(args))
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch)
         reuse = args.tokenizer is not None
@@ -222,19 +229,11 @@ def _run_train(args: argparse.Namespace) -> int:
     from seq2seq.run.runtime import leave_process_group
     from seq2seq.training.entry import train_run
 
-    flags = {
-        **_data_flags(args),
-        "train.max_epochs": args.max_epochs,
-        "train.max_time": args.max_time,
-        "train.max_steps": args.max_steps,
-        "train.seed": args.seed,
-        "train.device": args.device,
-        "train.precision": "fp32" if args.fp32 else None,
-    }
     state = train_run(
         args.out,
         args.config,
-        _overrides(flags, args.overrides),
+        args.overrides,
+        flags=config_flags(args),
         resume=args.resume,
         overwrite=args.overwrite,
         tensorboard=args.tensorboard,

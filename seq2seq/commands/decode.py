@@ -16,16 +16,26 @@ from seq2seq.commands.options import (
     add_device_option,
     add_renamed_option,
     finite_number_arg,
+    port_arg,
     whole_number_arg,
 )
 from seq2seq.errors import Seq2SeqError, whole_number
+
+
+def _seconds_arg(text: str) -> float:
+    import threading
+
+    seconds = finite_number_arg(text)
+    if not 0 < seconds <= threading.TIMEOUT_MAX:  # beyond, a timed wait refuses it
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def _layer_arg(text: str) -> int | str:
     number = whole_number(text)
     if text == "all" or number is not None:
         return text if text == "all" else number
-    raise argparse.ArgumentTypeError(f"expected a layer number (from 1) or 'all', got '{text}'")
+    raise argparse.ArgumentTypeError(f"expected a layer number (from 1) or 'all', got {text!r}")
 
 
 def _head_arg(text: str) -> int | str:
@@ -33,7 +43,7 @@ def _head_arg(text: str) -> int | str:
     if text in ("mean", "all") or number is not None:
         return text if number is None else number
     raise argparse.ArgumentTypeError(
-        f"expected a head number (from 1), 'mean' or 'all', got '{text}'"
+        f"expected a head number (from 1), 'mean' or 'all', got {text!r}"
     )
 
 
@@ -198,9 +208,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "stops.",
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
-    p.add_argument(
-        "--port", type=whole_number_arg, default=8000, help="0 = any free port (default: 8000)"
-    )
+    p.add_argument("--port", type=port_arg, default=8000, help="0 = any free port (default: 8000)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument(
         "--public",
@@ -210,7 +218,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--deadline",
-        type=finite_number_arg,
+        type=_seconds_arg,
         default=60.0,
         metavar="SECONDS",
         help="a request not decoded within this long, waiting for the model included, gets "
@@ -221,12 +229,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    import threading
-
     from seq2seq.inspect.serve import serve
 
-    if not 0 < args.deadline <= threading.TIMEOUT_MAX:
-        raise Seq2SeqError(f"--deadline must be a number of seconds above 0, got {args.deadline}")
     serve(
         args.run_dir,
         host=args.host,
@@ -260,7 +264,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on a terminal")
 
 
-def _decode_overrides(args: argparse.Namespace) -> dict:
+def decode_overrides(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line; None = the run's ``decode`` section."""
     return {
         "beam": args.beam,
@@ -317,7 +321,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.text and args.input:
         raise Seq2SeqError("give sentences as arguments or -i FILE, not both")
     translator = open_translator(args.run_dir, args.device, args.engine)
-    decode = translator.config.decode.with_overrides(**_decode_overrides(args))
+    decode = translator.config.decode.with_overrides(**decode_overrides(args))
     translate_files(
         translator,
         decode,
@@ -366,7 +370,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     from seq2seq.run.checkpoint import load_config_file, split_run_path
 
     run_dir, _ = split_run_path(args.run_dir)  # RUN, or a weights file inside it
-    decode = load_config_file(run_dir).decode.with_overrides(**_decode_overrides(args))
+    decode = load_config_file(run_dir).decode.with_overrides(**decode_overrides(args))
     report = evaluate_split(
         args.run_dir,
         args.data,

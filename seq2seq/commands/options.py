@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from seq2seq.config import DEFAULT_DEVICE
-from seq2seq.errors import finite_number, whole_number
+from seq2seq.errors import WHOLE_NUMBER, finite_number, whole_number
 
 DEVICE_HELP = (
     f"auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps (default: {DEFAULT_DEVICE})"
@@ -21,7 +21,16 @@ def whole_number_arg(text: str) -> int:
     them (``int()`` takes "٤" and "1_0")."""
     number = whole_number(text)
     if number is None:
-        raise argparse.ArgumentTypeError(f"expected a whole number in ASCII digits, got '{text}'")
+        raise argparse.ArgumentTypeError(f"expected {WHOLE_NUMBER}, got {text!r}")
+    return number
+
+
+def port_arg(text: str) -> int:
+    """``type=`` of a TCP port: 0 (any free one) to 65535, refused here rather than by the
+    socket once the run has loaded."""
+    number = whole_number_arg(text)
+    if number > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
     return number
 
 
@@ -30,7 +39,7 @@ def finite_number_arg(text: str) -> float:
     ``errors.finite_number`` reads it (``float()`` takes "nan", "inf" and "٠.٥")."""
     number = finite_number(text)
     if number is None:
-        raise argparse.ArgumentTypeError(f"expected a finite number in ASCII digits, got '{text}'")
+        raise argparse.ArgumentTypeError(f"expected a finite number in ASCII digits, got {text!r}")
     return number
 
 

@@ -12,6 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+try:
+    from torch.compiler import is_compiling
+except ImportError:  # torch before 2.3: dynamo's own
+    from torch._dynamo import is_compiling
+
 
 class Dropout(nn.Module):
     """Dropout whose probability the trainer's schedule moves (``drop.p = 0.2``), built for two
@@ -45,7 +50,7 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or not self.active:
             return x
-        if torch.compiler.is_compiling():
+        if is_compiling():
             # Scaled in float32, then cast, as on the eager path: on a GPU a 0-dim tensor in
             # bf16 arithmetic is rounded to bf16 first (1 - 0.1 became 0.8984375).
             keep = torch.rand_like(x, dtype=torch.float32) >= self.rate

@@ -41,15 +41,16 @@ def wants_compile(value: object, device: torch.device) -> bool:
 
 def compile_errors() -> tuple[type[BaseException], ...]:
     """What a failing compile raises: dynamo's errors (a backend that fails is wrapped in
-    one), inductor's, which a lazily compiled backward raises unwrapped, and ``stopped()``'s."""
+    one), inductor's, which a lazily compiled backward raises unwrapped, and ``stopped()``'s;
+    the last two where this torch has them (InductorError came in 2.7, the other in 2.6)."""
     import torch._dynamo.exc
     import torch._inductor.exc
 
-    return (
-        torch._dynamo.exc.TorchDynamoException,
-        torch._inductor.exc.InductorError,
-        torch._dynamo.exc.FailOnRecompileLimitHit,
+    newer = (
+        getattr(torch._inductor.exc, "InductorError", None),
+        getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None),
     )
+    return (torch._dynamo.exc.TorchDynamoException, *(e for e in newer if e is not None))
 
 
 def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
@@ -62,8 +63,13 @@ def compiled(module: nn.Module, backend: str = "inductor") -> Callable:
     except RuntimeError as e:  # e.g. a Python version that dynamo does not support yet
         raise failure(e) from None
 
+    # The switch has this name from torch 2.7 (2.6 had it as fail_on_cache_limit_hit); without
+    # it dynamo runs eagerly past its limit, with a warning, and stopped() never sees it.
+    known = hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit")
+    strict = {"fail_on_recompile_limit_hit": True} if known else {}
+
     def call(*args: object, **kwargs: object) -> object:
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(**strict):
             return forward(*args, **kwargs)
 
     return call
@@ -87,9 +93,10 @@ def stopped(error: BaseException) -> str | None:
     worked, then a guard failed at every step: the run can go on eagerly); else None."""
     import torch._dynamo.exc
 
-    if not isinstance(error, torch._dynamo.exc.FailOnRecompileLimitHit):
+    stop = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)  # raised from 2.7 on
+    if stop is None or not isinstance(error, stop):
         return None
-    limit = torch._dynamo.config.recompile_limit
+    limit = getattr(torch._dynamo.config, "recompile_limit", None)  # as old as the error
     return f"dynamo recompiled past its limit of {limit} graphs (TORCH_LOGS=recompiles says why)"
 
 

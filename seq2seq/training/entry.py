@@ -34,6 +34,7 @@ def train_run(
     config: str | Path | None = None,
     overrides: Sequence[str] = (),
     *,
+    flags: dict[str, Any] | None = None,
     resume: bool | None = None,
     overwrite: bool = False,
     tensorboard: bool = False,
@@ -41,15 +42,16 @@ def train_run(
     words: rundir.Words = rundir.ARGUMENTS,
 ) -> dict[str, Any]:
     """Train the YAML ``config`` (None: the defaults) with ``overrides`` such as
-    ``"train.lr=5e-4"`` (``--set``'s) into ``out``; returns the final counters (best BLEU,
-    step, stop reason). ``resume``: True continues the run in ``out`` (its recipe, the
+    ``"train.lr=5e-4"`` (``--set``'s) over ``flags`` (values by dotted key, such as
+    ``{"train.seed": 5}`` from ``seq2seq train``'s flags) into ``out``; returns the final
+    counters (best BLEU, step, stop reason). ``resume``: True continues the run in ``out`` (its recipe, the
     budgets given here), False starts one, None resumes where ``out`` holds a checkpoint
     (and ``overwrite`` is not asked). Bad input raises ``Seq2SeqError``, whose message
     names these arguments, or the command line's flags when ``words`` says so."""
     out = Path(out)
     if resume is None:
         resume = not overwrite and (out / checkpoint.LAST_FILE).is_file()
-    given = given_values(config, list(overrides))
+    given = given_values(config, list(overrides), flags)
     cfg = config_from_dict(given)  # checks every value given, on resume too
     # the run's recipe, once a training state says the directory holds a run
     if resume and all(
