@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.records import BENCHMARK, RecordError
-from experiments.records.load import read_json
+from experiments.records.load import commit_of, read_json
 
 _TRAINED = ("environment", "model_config", "parameters", "precision")  # _model_line's fields
 NEEDS = {
@@ -58,7 +58,7 @@ def _benchmark(folder: Path) -> dict[str, Any]:
 
 
 def environment_line(env: dict[str, Any]) -> str:
-    commit = (env.get("git_commit") or "unknown")[:10]
+    commit = commit_of(env)
     return (
         f"{env['cpu']}, {env['threads']} torch thread(s), torch {env['versions']['torch']}, "
         f"commit {commit}"
