@@ -67,7 +67,7 @@ def test_outside_a_git_checkout_only_the_digest_names_the_code(tmp_path):
 def test_every_record_carries_the_code_of_the_package_imported(tmp_path):
     here = Path(seq2seq.__file__).resolve().parent
     assert machine()["code_sha256"] == code_sha256(here)
-    write_environment(tmp_path, Runtime(device=torch.device("cpu")), None)
+    write_environment(tmp_path, Runtime(device=torch.device("cpu")), "fp32", None)
     [segment] = json.loads((tmp_path / "environment.json").read_text())["segments"]
     assert segment["code_sha256"] == code_sha256(here)
     assert segment["git_dirty"] in (True, False, None) and "git_commit" in segment

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from seq2seq.fileio import atomic_write_text
+from seq2seq.run.precision import TF32, precision_name, tf32_in_force
 from seq2seq.run.runtime import Runtime, sdpa_kernels_on
 from seq2seq.version import __version__
 
@@ -155,9 +156,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def accelerator(device: torch.device) -> dict[str, Any]:
-    """On a GPU: its name and compute capability, and the CUDA, cuDNN and NCCL versions this
-    torch was built with; nothing elsewhere."""
+def accelerator(device: torch.device, tf32: bool | None = None) -> dict[str, Any]:
+    """On a GPU: its name and compute capability, the CUDA, cuDNN and NCCL versions this
+    torch was built with, the SDPA kernels on, and whether fp32 matrix multiplies are TF32
+    (``tf32``; None: as the switch is now); nothing elsewhere."""
     if device.type != "cuda":
         return {}
     nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
@@ -168,26 +170,26 @@ def accelerator(device: torch.device) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version(),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
         "sdpa_kernels": [name for name, on in sdpa_kernels_on().items() if on],
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_matmul": tf32_in_force(device) if tf32 is None else tf32,
     }
 
 
-def _fp32(device: torch.device) -> str:
-    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    return "fp32, TF32 matrix multiplies" if tf32 else "fp32"
-
-
-def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
-    """What someone needs to reproduce a number: versions, hardware, the command line.
+def write_environment(
+    run_dir: Path, runtime: Runtime, precision: str, dtype: torch.dtype | None, step: int = 0
+) -> None:
+    """What someone needs to reproduce a number: versions, hardware, the command line, and
+    what a run of ``train.precision`` (autocast to ``dtype``) computes in, as
+    ``precision.PRECISIONS`` names it.
 
     ``environment.json`` holds ``{"segments": [...]}``, one entry per stretch of training
     (``from_step`` where it began): a run resumed on another machine records both."""
+    computes_in = precision_name(precision, dtype, runtime.device)
     environment = {
         **machine(),
         "device": str(runtime.device),
-        **accelerator(runtime.device),
+        **accelerator(runtime.device, tf32=computes_in == TF32),
         "processes": runtime.world,
-        "precision": "bf16 autocast" if dtype else _fp32(runtime.device),
+        "precision": computes_in,
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "from_step": step,
