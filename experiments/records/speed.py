@@ -244,7 +244,7 @@ def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
     """``bench_train.py``'s rows: what it prints and what the render shows."""
     lines = [
         "| set-up | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak "
-        "| of bf16 peak | warm-up s | operators/step |",
+        "| of bf16 peak | warm-up s | profiler events/step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
@@ -252,7 +252,7 @@ def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
         f"| {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} | {r['ms_per_step']:.1f} "
         f"| {r['model_flops_per_s'] / 1e9:.2f} | {r['model_flops_per_s'] / peaks['fp32']:.1%} "
         f"| {_share(r['model_flops_per_s'], peaks.get('bf16'))} | {r['warmup_seconds']:.1f} "
-        f"| {r.get('ops_per_step', '—')} |"
+        f"| {r.get('profiler_events_per_step', '—')} |"
         for r in results
     ]
     return "\n".join(lines)
