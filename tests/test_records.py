@@ -709,6 +709,72 @@ def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_p
     assert first == "F.dropout masks"
 
 
+def parent_or_skip(commit: str) -> str:
+    """The parent of a commit numerics.yaml names; a skip where this history lacks it."""
+    parent = subprocess.run(
+        ["git", "rev-parse", f"{commit}~1"],
+        cwd=REPO, capture_output=True, text=True, env=child_env(),
+    ).stdout.strip()  # fmt: skip
+    if not parent:
+        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    return parent
+
+
+def trainer_in(commit: str, precision: str, numerics: list[dict]) -> str:
+    """The trainer of a one-segment run at ``commit`` in ``precision``."""
+    from experiments.records.compare import trainer_of_run
+
+    segment = {"git_commit": commit, "precision": precision}
+    return trainer_of_run({"segments": [segment]}, numerics)
+
+
+def test_the_packed_attention_projection_is_a_change_of_every_precision(tmp_path):
+    """e0b2d2d moved fp32's numbers too (experiments/results/numerics_e0b2d2d_fp32.json): a
+    run of any precision from it on is another trainer than one from its parent. An entry
+    naming a precision environment.json never writes is refused."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics
+    from seq2seq.run.precision import PRECISIONS
+
+    numerics = load_numerics(RESULTS)
+    packed = next(e["since"] for e in numerics if "packed attention" in e["trainer"])
+    parent = parent_or_skip(packed)
+
+    def trainer(commit: str, precision: str) -> str:
+        return trainer_in(commit, precision, numerics)
+
+    for precision in PRECISIONS:
+        after, before = trainer(packed, precision), trainer(parent, precision)
+        assert after.endswith("packed attention projections") and before != after, precision
+    (tmp_path / "numerics.yaml").write_text("- {since: null, trainer: t, precision: fp16}\n")
+    with pytest.raises(RecordError, match="one of bf16 autocast, fp32, fp32, TF32"):
+        load_numerics(tmp_path)
+
+
+def test_the_h200_main_jobs_are_labelled_by_the_code_that_ran():
+    """The copy's stale .git named 85f06ab; the code that ran had the packed attention
+    projections (its environment.json holds what only that code writes), and its label
+    says so."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    for job, trainer in (
+        ("main-job-2min-bf16", "16-bit dropout masks, float32 scale in bf16, packed attention"),
+        ("main-job-3min-tf32", "16-bit dropout masks, packed attention"),
+    ):
+        environment = json.loads(
+            (RESULTS / "gpu-check-h200" / job / "environment.json").read_text()
+        )
+        [segment] = environment["segments"]
+        assert {"sdpa_kernels", "tf32_matmul"} <= segment.keys()  # written from e0b2d2d on
+        assert segment["git_commit_recorded"].startswith("85f06ab")
+        found = trainer_of_run(environment, numerics)
+        if found == "unknown":
+            pytest.skip("this checkout's history does not hold the commits the records name")
+        assert found == trainer + " projections", job
+
+
 def test_a_run_from_uncommitted_code_has_no_trainer_its_commit_names():
     """A dirty tree's numbers are no commit's: its trainer is unknown (and never paired),
     clean or not recorded (records before the flag) its commit decides."""
@@ -730,23 +796,16 @@ def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
     from it on is another trainer, an fp32 run is the trainer before it, and so is a bf16 run
     from its parent."""
     from experiments.records import RESULTS
-    from experiments.records.compare import load_numerics, trainer_of_run
+    from experiments.records.compare import load_numerics
 
     numerics = load_numerics(RESULTS)
     scale = next(e for e in numerics if e.get("since", "") and e["since"].startswith("15bbc8d"))
     before = next(e for e in numerics if e["trainer"] == "16-bit dropout masks")["trainer"]
 
     def trainer(commit: str, precision: str) -> str:
-        return trainer_of_run(
-            {"segments": [{"git_commit": commit, "precision": precision}]}, numerics
-        )
+        return trainer_in(commit, precision, numerics)
 
-    parent = subprocess.run(
-        ["git", "rev-parse", f"{scale['since']}~1"],
-        cwd=REPO, capture_output=True, text=True, env=child_env(),
-    ).stdout.strip()  # fmt: skip
-    if not parent:
-        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    parent = parent_or_skip(scale["since"])
     assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
     assert trainer(scale["since"], "fp32") == before
     assert trainer(parent, "bf16 autocast") == before

@@ -25,6 +25,7 @@ from typing import Any
 from experiments.records import REPO, RecordError
 from experiments.records.load import Training, read_json, read_yaml
 from experiments.records.stats import Interval, paired_t, welch_t
+from seq2seq.run.precision import PRECISIONS
 
 NUMERICS = "numerics.yaml"  # in the results folder
 UNKNOWN = "unknown"  # the trainer of code no commit names: never paired
@@ -33,15 +34,19 @@ UNKNOWN = "unknown"  # the trainer of code no commit names: never paired
 def load_numerics(results: Path) -> list[dict[str, Any]]:
     """``numerics.yaml``: trainer versions, oldest first, each ``since`` a commit (the first
     ``null``), and, for a change that moves one precision's numbers only, that ``precision``
-    (as ``environment.json`` names it: "bf16 autocast", "fp32")."""
+    (as ``environment.json`` names it: one of ``PRECISIONS``)."""
     path = results / NUMERICS
     entries = read_yaml(path) if path.is_file() else []
     if not isinstance(entries, list) or any(
-        "trainer" not in e or "since" not in e or set(e) - {"since", "trainer", "precision"}
+        "trainer" not in e
+        or "since" not in e
+        or set(e) - {"since", "trainer", "precision"}
+        or e.get("precision", PRECISIONS[0]) not in PRECISIONS
         for e in entries
     ):
         raise RecordError(
-            f"{path}: a list of {{since: COMMIT, trainer: NAME, precision: (optional)}} entries"
+            f"{path}: a list of {{since: COMMIT, trainer: NAME, precision: (optional, one of "
+            f"{', '.join(PRECISIONS)})}} entries"
         )
     return entries
 
