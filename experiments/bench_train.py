@@ -281,7 +281,7 @@ class Trainee:
         self.step_times: list[float] = []
         self.flop_rates: list[float] = []
         self.losses: list[float] = []
-        self.ops = 0  # operators one step dispatches (ops_per_step)
+        self.events = 0  # torch.profiler events of one step (profiler_events_per_step)
 
     def step(self, batch: Batch) -> float:
         """One optimizer step; returns its wall time in seconds."""
@@ -314,10 +314,10 @@ KINDS = {
 }
 
 
-def ops_per_step(trainee: Trainee, batch: Batch) -> int:
-    """Operators dispatched by one training step of a warmed-up ``trainee`` (torch.profiler's
-    CPU events, on any device): a measure of kernel launches that a CPU can take, where a GPU
-    step that is launch-bound spends its time."""
+def profiler_events_per_step(trainee: Trainee, batch: Batch) -> int:
+    """torch.profiler's CPU events in one training step of a warmed-up ``trainee``, on any
+    device: every operator call, the views and the operators that only call others included.
+    Not a kernel count; a step that is launch-bound on a GPU grows with it."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -536,7 +536,7 @@ def main() -> None:
         trainee.warmup_seconds = time.perf_counter() - start
         print(f"warm-up {trainee.name}: {trainee.warmup_seconds:.1f} s", file=sys.stderr)
     for trainee in trainees:  # each warmed up above
-        trainee.ops = ops_per_step(trainee, batches[0])
+        trainee.events = profiler_events_per_step(trainee, batches[0])
     timed = batches[args.warmup :]
     step_flops = [flops.training_step(b) for b in timed]
     for r in range(args.rounds):
@@ -569,7 +569,7 @@ def main() -> None:
                 "model_flops_per_s": statistics.median(trainee.flop_rates),
                 "final_loss": trainee.losses[-1],
                 "warmup_seconds": trainee.warmup_seconds,
-                "ops_per_step": trainee.ops,
+                "profiler_events_per_step": trainee.events,
             }
         )
     best_ref = max(

@@ -247,7 +247,7 @@ def training_summary(run: Path) -> dict:
 
 def bench_summary(path: Path) -> dict:
     record = json.loads(path.read_text())
-    keep = ("model", "tokens_per_s", "ms_per_step", "ops_per_step", "warmup_seconds")
+    keep = ("model", "tokens_per_s", "ms_per_step", "profiler_events_per_step", "warmup_seconds")
     return {
         "speedup_vs_best_reference": record["speedup_vs_best_reference"],
         "precision": record["precision"],

@@ -70,3 +70,13 @@ def pytest_collection_modifyitems(items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
+
+
+@pytest.fixture
+def tf32_switch():
+    """torch's TF32 switch for CUDA matrix multiplies (the current API; a CPU build has it
+    too), put back after the test: it is the process's."""
+    matmul = torch.backends.cuda.matmul
+    saved = matmul.fp32_precision
+    yield matmul
+    matmul.fp32_precision = saved

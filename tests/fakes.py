@@ -80,3 +80,21 @@ class FakeCuda:
             if device_id.index >= self.count:
                 raise ValueError(f"device_id {device_id} is out of range.")
         self.calls.append(("init_process_group", backend, device_id))
+
+
+class LegacyMatmul:
+    """``torch.backends.cuda.matmul`` before torch 2.9: TF32 is ``allow_tf32`` alone, and any
+    other attribute, ``fp32_precision`` among them, is refused with torch's error."""
+
+    def __init__(self, allow_tf32: bool = False) -> None:
+        object.__setattr__(self, "_allow_tf32", allow_tf32)
+
+    def __getattr__(self, name: str) -> bool:
+        if name == "allow_tf32":
+            return self._allow_tf32
+        raise AttributeError("Unknown attribute " + name)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name != "allow_tf32":
+            raise AttributeError("Unknown attribute " + name)
+        object.__setattr__(self, "_allow_tf32", bool(value))

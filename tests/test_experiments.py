@@ -197,6 +197,9 @@ def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_pa
     ours = record["results"][0]
     assert f"| seq2seq | {ours['tokens_per_s']:,.0f} |" in speed
     assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed
+    # what the count is: profiler events (views and wrapping operators among them), not kernels
+    events = ours["profiler_events_per_step"]
+    assert events > 0 and "| profiler events/step |" in speed and f"| {events} |" in speed
 
 
 def test_bench_masks_records_both_masks_memory_and_the_render_shows_it(tmp_path):

@@ -330,7 +330,7 @@ def test_step_through_shows_whether_each_row_agrees(report, browser):
 def test_a_tied_row_says_it_is_a_tie(run_dir, tmp_path, browser, monkeypatch):
     """This fp32 model's map, judged with bf16's wider threshold, has near-ties: the step
     view labels them "tie" and says within how many nats the drops lie."""
-    monkeypatch.setattr(records_module, "tie_nats", lambda dtype: TIE_NATS)
+    monkeypatch.setattr(records_module, "tie_nats", lambda dtype, device: TIE_NATS)
     url, records = write_report(run_dir, tmp_path, "--beam", "1")
     record = records[0]
     assert record["tie_nats"] == TIE_NATS and None in record["agree"]

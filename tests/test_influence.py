@@ -23,6 +23,7 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import (
     TIE_NATS,
     TIE_NATS_FP32,
+    TIE_NATS_TF32,
     agreement,
     occlude,
     tie_nats,
@@ -224,6 +225,20 @@ def test_the_tie_thresholds_are_above_what_their_record_measured():
     assert moved["bf16 against fp32"] < TIE_NATS < 2 * moved["bf16 against fp32"]
     assert 2 * moved["fp32 against float64"] <= TIE_NATS_FP32 < 4 * moved["fp32 against float64"]
     assert tie_nats(torch.bfloat16) == TIE_NATS and tie_nats(None) == TIE_NATS_FP32
+
+
+def test_a_map_takes_the_tie_threshold_of_the_precision_in_force(tf32_switch):
+    """On CUDA with TF32 matrix multiplies in force (a run of precision tf32, inside its
+    Translator's calls) fp32 tensors are rounded like TF32: TF32's threshold, not fp32's."""
+    from seq2seq.run.precision import matmul_precision
+
+    gpu, cpu = torch.device("cuda:0"), torch.device("cpu")
+    with matmul_precision("tf32", gpu):
+        assert tie_nats(None, gpu) == TIE_NATS_TF32 > TIE_NATS_FP32
+        assert tie_nats(None, cpu) == TIE_NATS_FP32  # CUDA's switch: not the CPU's numbers
+        assert tie_nats(torch.bfloat16, gpu) == TIE_NATS
+    with matmul_precision("fp32", gpu):
+        assert tie_nats(None, gpu) == TIE_NATS_FP32
 
 
 def test_hidden_source_decodes_as_occlusion_scores():

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from fakes import FakeCuda, LegacyMatmul
 from test_train import tiny_config, train_losses
 
 from seq2seq.run import precision
@@ -78,21 +79,71 @@ def test_a_bf16_config_without_native_bf16_trains_in_fp32_and_says_so(
 
 
 def test_auto_is_bf16_on_a_cpu_and_tf32_on_cuda(gpus):
-    from seq2seq.run.precision import describe_precision, resolved_precision, set_matmul_precision
+    from seq2seq.run.precision import describe_precision, resolved_precision
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
     assert resolved_precision("auto", cpu) == "bf16"
     assert resolved_precision("auto", gpu) == precision.CUDA_AUTO == "tf32"
     assert autocast_dtype("auto", gpu) is None  # fp32 tensors, TF32 matrix multiplies
     assert describe_precision("auto", None, gpu) == "fp32 with TF32 matrix multiplies on cuda:0"
-    saved = torch.backends.cuda.matmul.allow_tf32  # a process-wide setting: put back
+
+
+def test_the_bf16_note_is_for_a_run_that_asked_for_bf16(monkeypatch):
+    """On a CPU without native bf16, ``auto`` is fp32 without a word: nobody asked for bf16."""
+    from seq2seq.run.precision import describe_precision
+
+    cpu = torch.device("cpu")
+    assert describe_precision("auto", None, cpu) == "fp32 on cpu"
+    assert describe_precision("fp32", None, cpu) == "fp32 on cpu"
+    assert "note: bf16 is not native here" in describe_precision("bf16", None, cpu)
+
+
+def test_tf32_is_in_force_inside_the_block_alone_through_the_current_api(tf32_switch):
+    """torch >= 2.9: ``fp32_precision`` is set inside and put back after, whatever it was
+    (a user's own "tf32" included, after which torch's legacy getter raises) and however the
+    block ends; on the CPU nothing changes."""
+    from seq2seq.run.precision import matmul_precision, tf32_in_force
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    for before in ("none", "ieee", "tf32"):
+        tf32_switch.fp32_precision = before
+        with matmul_precision("auto", gpu):
+            assert tf32_switch.fp32_precision == "tf32" and tf32_in_force(gpu)
+            assert not tf32_in_force(cpu)
+        assert tf32_switch.fp32_precision == before
+        with pytest.raises(KeyboardInterrupt), matmul_precision("fp32", gpu):
+            assert tf32_switch.fp32_precision == "ieee" and not tf32_in_force(gpu)
+            raise KeyboardInterrupt
+        assert tf32_switch.fp32_precision == before
+        with matmul_precision("tf32", cpu):
+            assert tf32_switch.fp32_precision == before
+
+
+def test_before_torch_2_9_the_legacy_switch_is_set_and_put_back(monkeypatch):
+    from seq2seq.run.precision import matmul_precision, tf32_in_force
+
+    legacy = LegacyMatmul()
+    monkeypatch.setattr(torch.backends.cuda, "matmul", legacy)
+    gpu = torch.device("cuda:0")
+    for before in (False, True):
+        legacy.allow_tf32 = before
+        with matmul_precision("tf32", gpu):
+            assert legacy.allow_tf32 is True and tf32_in_force(gpu)
+        assert legacy.allow_tf32 is before
+        with matmul_precision("bf16", gpu):
+            assert legacy.allow_tf32 is False and not tf32_in_force(gpu)
+        assert legacy.allow_tf32 is before
+
+
+def test_a_run_on_cuda_leaves_the_tf32_switch_as_it_found_it(tmp_path, monkeypatch, tf32_switch):
+    """The switch is the process's: a run never sets it outside its training (here one on
+    four fake GPUs, which stops where this CPU build cannot place the model on one)."""
+    fake = FakeCuda(count=4).install(monkeypatch)
+    tf32_switch.fp32_precision = "ieee"
+    config = tiny_config(train__device="cuda", train__precision="tf32", train__max_steps=1)
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        set_matmul_precision("auto", gpu)
-        assert torch.backends.cuda.matmul.allow_tf32
-        set_matmul_precision("bf16", gpu)
-        assert not torch.backends.cuda.matmul.allow_tf32
-        set_matmul_precision("tf32", cpu)  # no CUDA: nothing to turn on
-        assert not torch.backends.cuda.matmul.allow_tf32
+        with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
+            train(config, tmp_path / "run", progress=False)
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
+        fake.restore_sdpa()
+    assert tf32_switch.fp32_precision == "ieee"

@@ -142,9 +142,11 @@ def write_record(
     lr: float = 0.002,
     cpus: tuple[str, ...] = ("Test CPU",),
     sha256: str | None = None,
+    trainer: str = "test trainer",
 ) -> Path:
     """A record like ``collect`` writes: ``test`` = greedy BLEU, beam 5 BLEU, literature
-    scale and chrF, or no test scores; trained in one segment per CPU of ``cpus``."""
+    scale and chrF, or no test scores; trained in one segment per CPU of ``cpus``, by
+    ``trainer`` (numerics.yaml's name)."""
     out = results / name
     out.mkdir(parents=True)
     segments = [{"cpu": cpu, "device": "cpu", "threads": 2, "precision": "fp32"} for cpu in cpus]
@@ -187,6 +189,7 @@ def write_record(
         "weights": "step 25",
         "valid_bleu": valid_bleu,
         "sha256": sha256 or hashlib.sha256(name.encode()).hexdigest(),
+        "trainer": trainer,
         "scores": {"test": scores, "validation": {}},
     }
     (out / "record.json").write_text(json.dumps(record))
@@ -246,7 +249,7 @@ def test_each_seed_says_what_trained_it(tmp_path):
     machine_a, machine_b = (f"CPU {x} (bf16 flags not recorded), fp32, 2 threads" for x in "AB")
     page = results_page(records)
     assert f"| trained on |  | {machine_a} | {machine_b} + {machine_a} |" in page
-    assert "| trainer |  | unknown | unknown |" in page
+    assert "| trainer |  | test trainer | test trainer |" in page
     assert f"| {machine_a}; {machine_b} + {machine_a} |" in tuning_table(records.trainings)
 
 
@@ -338,8 +341,8 @@ def test_each_readme_row_names_the_machine_and_trainer_of_its_seeds(tmp_path):
         "| de→en | base | 3 | 25 ± 0 | 30.50 ± 0.00 | 31.50 ± 0.00 | 32.50 ± 0.00 | A (seeds 1, 2), B (seed 3) |"
         in readme
     )
-    legend = "A: CPU A (bf16 flags not recorded), fp32, 2 threads; unknown. B: CPU B (bf16 "
-    assert f"\n\n{legend}flags not recorded), fp32, 2 threads; unknown.\nRendered from" in readme
+    legend = "A: CPU A (bf16 flags not recorded), fp32, 2 threads; test trainer. B: CPU B (bf16 "
+    assert f"\n\n{legend}flags not recorded), fp32, 2 threads; test trainer.\nRendered" in readme
 
 
 def test_a_missing_record_field_is_a_one_line_error(tmp_path, capsys):
@@ -603,6 +606,38 @@ def test_a_comparison_calls_a_lead_only_outside_its_95_percent_interval(tmp_path
         results_page(load_records(tmp_path))
 
 
+def test_runs_of_code_no_commit_names_are_never_paired(tmp_path):
+    """Two arms on one machine with the same seeds pair, unless a run's trainer is unknown
+    (code with uncommitted changes, or a commit git does not know): Welch's t then."""
+    for seed, base, cand in ((1, 40.0, 40.2), (2, 40.5, 40.6), (3, 40.2, 40.5)):
+        write_record(tmp_path, f"base-s{seed}", seed, base)
+        write_record(tmp_path, f"cand-s{seed}", seed, cand, recipe="cand", lr=0.003)
+        for trainer in ("unknown", "unknown + test trainer"):
+            name = f"dirty{len(trainer)}"
+            write_record(tmp_path, f"{name}-s{seed}", seed, cand, recipe=name, trainer=trainer)
+            write_record(
+                tmp_path, f"{name}b-s{seed}", seed, base, recipe=f"{name}b", lr=0.1, trainer=trainer
+            )
+
+    def comparison(base: str, cand: str) -> dict:
+        def arm(name: str) -> dict:
+            return {"label": name, "records": [f"{name}-s{s}" for s in (1, 2, 3)]}
+
+        return {"question": "q", "case": cand, "baseline": arm(base), "candidate": arm(cand)}
+
+    specs = [
+        comparison("base", "cand"),
+        comparison("dirty7b", "dirty7"),
+        comparison("dirty22b", "dirty22"),
+    ]
+    (tmp_path / "goals.yaml").write_text(yaml.safe_dump({"comparisons": specs}))
+    section = results_page(load_records(tmp_path)).split("## Comparisons")[1]
+    assert "| cand | 1, 2, 3 | 40.43 ± 0.21 | +0.20 | ±0.25 (paired t, df 2) | tie |" in section
+    for name in ("dirty7", "dirty22"):
+        row = next(line for line in section.splitlines() if line.startswith(f"|  | {name} |"))
+        assert "(Welch t," in row and "unpaired" in row, row
+
+
 def test_a_comparison_of_one_set_of_weights_with_itself_is_refused(tmp_path):
     """Two arms that scored the same weights (one sha256: a candidate that changed nothing
     before the step both scored) cannot differ: the render refuses the comparison."""
@@ -674,28 +709,103 @@ def test_every_committed_record_names_its_trainer_as_numerics_yaml_decides(tmp_p
     assert first == "F.dropout masks"
 
 
+def parent_or_skip(commit: str) -> str:
+    """The parent of a commit numerics.yaml names; a skip where this history lacks it."""
+    parent = subprocess.run(
+        ["git", "rev-parse", f"{commit}~1"],
+        cwd=REPO, capture_output=True, text=True, env=child_env(),
+    ).stdout.strip()  # fmt: skip
+    if not parent:
+        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    return parent
+
+
+def trainer_in(commit: str, precision: str, numerics: list[dict]) -> str:
+    """The trainer of a one-segment run at ``commit`` in ``precision``."""
+    from experiments.records.compare import trainer_of_run
+
+    segment = {"git_commit": commit, "precision": precision}
+    return trainer_of_run({"segments": [segment]}, numerics)
+
+
+def test_the_packed_attention_projection_is_a_change_of_every_precision(tmp_path):
+    """e0b2d2d moved fp32's numbers too (experiments/results/numerics_e0b2d2d_fp32.json): a
+    run of any precision from it on is another trainer than one from its parent. An entry
+    naming a precision environment.json never writes is refused."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics
+    from seq2seq.run.precision import PRECISIONS
+
+    numerics = load_numerics(RESULTS)
+    packed = next(e["since"] for e in numerics if "packed attention" in e["trainer"])
+    parent = parent_or_skip(packed)
+
+    def trainer(commit: str, precision: str) -> str:
+        return trainer_in(commit, precision, numerics)
+
+    for precision in PRECISIONS:
+        after, before = trainer(packed, precision), trainer(parent, precision)
+        assert after.endswith("packed attention projections") and before != after, precision
+    (tmp_path / "numerics.yaml").write_text("- {since: null, trainer: t, precision: fp16}\n")
+    with pytest.raises(RecordError, match="one of bf16 autocast, fp32, fp32, TF32"):
+        load_numerics(tmp_path)
+
+
+def test_the_h200_main_jobs_are_labelled_by_the_code_that_ran():
+    """The copy's stale .git named 85f06ab; the code that ran had the packed attention
+    projections (its environment.json holds what only that code writes), and its label
+    says so."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    for job, trainer in (
+        ("main-job-2min-bf16", "16-bit dropout masks, float32 scale in bf16, packed attention"),
+        ("main-job-3min-tf32", "16-bit dropout masks, packed attention"),
+    ):
+        environment = json.loads(
+            (RESULTS / "gpu-check-h200" / job / "environment.json").read_text()
+        )
+        [segment] = environment["segments"]
+        assert {"sdpa_kernels", "tf32_matmul"} <= segment.keys()  # written from e0b2d2d on
+        assert segment["git_commit_recorded"].startswith("85f06ab")
+        found = trainer_of_run(environment, numerics)
+        if found == "unknown":
+            pytest.skip("this checkout's history does not hold the commits the records name")
+        assert found == trainer + " projections", job
+
+
+def test_a_run_from_uncommitted_code_has_no_trainer_its_commit_names():
+    """A dirty tree's numbers are no commit's: its trainer is unknown (and never paired),
+    clean or not recorded (records before the flag) its commit decides."""
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics, trainer_of_run
+
+    numerics = load_numerics(RESULTS)
+    masks = numerics[1]
+
+    def trainer(**segment) -> str:
+        return trainer_of_run({"segments": [{"git_commit": masks["since"], **segment}]}, numerics)
+
+    assert trainer(git_dirty=True) == "unknown"
+    assert trainer(git_dirty=False) == trainer() == masks["trainer"]
+
+
 def test_a_change_of_one_precision_relabels_only_the_runs_in_it():
     """15bbc8d moved bf16's dropout scale and left fp32's numbers as they were: a bf16 run
     from it on is another trainer, an fp32 run is the trainer before it, and so is a bf16 run
     from its parent."""
     from experiments.records import RESULTS
-    from experiments.records.compare import load_numerics, trainer_of_run
+    from experiments.records.compare import load_numerics
 
     numerics = load_numerics(RESULTS)
     scale = next(e for e in numerics if e.get("since", "") and e["since"].startswith("15bbc8d"))
     before = next(e for e in numerics if e["trainer"] == "16-bit dropout masks")["trainer"]
 
     def trainer(commit: str, precision: str) -> str:
-        return trainer_of_run(
-            {"segments": [{"git_commit": commit, "precision": precision}]}, numerics
-        )
+        return trainer_in(commit, precision, numerics)
 
-    parent = subprocess.run(
-        ["git", "rev-parse", f"{scale['since']}~1"],
-        cwd=REPO, capture_output=True, text=True, env=child_env(),
-    ).stdout.strip()  # fmt: skip
-    if not parent:
-        pytest.skip("this checkout's history does not hold the commit numerics.yaml names")
+    parent = parent_or_skip(scale["since"])
     assert trainer(scale["since"], "bf16 autocast") == scale["trainer"]
     assert trainer(scale["since"], "fp32") == before
     assert trainer(parent, "bf16 autocast") == before

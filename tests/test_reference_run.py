@@ -12,20 +12,31 @@ Re-recorded once, when dropout's masks changed from ``F.dropout``'s to ``layers.
 ``tests/data/reference_run_dropout0.json`` is the same run with every dropout 0 (recorded
 from commit da4beab): no mask is drawn, so any dropout-mask implementation must give these
 numbers, and a change of masks that moves them changed more than the masks.
-``tests/data/reference_run_bf16.json`` is the run under bf16 autocast (recorded at commit
-b05ce2b, on an AMD EPYC, after 15bbc8d whose float32 dropout scale moved only bf16's numbers, and
-no other change since has moved them): bf16 kernels
-differ by instruction set, so it is checked on a CPU with the bf16 flags it names (and is
-skipped elsewhere, saying why); a bf16-only change of the numbers moves it, and
-experiments/results/numerics.yaml takes an entry for that precision.
+A change can move fp32's numbers by less than the tolerance (the packed attention projection,
+e0b2d2d, moved a quarter of the fp32 losses by at most 2e-7 relative), so each fp32 reference
+is also pinned bit for bit per machine: ``tests/data/pinned/REFERENCE.MACHINE.json``, keyed
+by ``machine_key()`` (the CPU, the instruction set torch dispatches to, the bf16 flags, the
+torch version), checked where the key is this machine's and skipped elsewhere, saying so.
+``tests/data/reference_run_bf16.json`` is the run under bf16 autocast (re-recorded at commit
+df1c645, on an AMD EPYC, after e0b2d2d's packed attention projection moved bf16's numbers;
+first recorded at b05ce2b, after 15bbc8d's float32 dropout scale): bf16 kernels differ by
+instruction set, so it is checked on a CPU with the bf16 flags it names (and is skipped
+elsewhere, saying why). A change of the numbers moves a reference or a pin, and
+experiments/results/numerics.yaml takes an entry for each precision it moves.
 Re-record (only for a deliberate change of the numbers) with ``python tests/test_reference_run.py
-[FILE ...]`` (every file by default; a bf16 one on a CPU that computes bf16 natively).
+[FILE ...]`` (every file by default; a bf16 one on a CPU that computes bf16 natively), and
+this machine's pins with ``python tests/test_reference_run.py --pin`` (on every machine that
+has one: a pin older than the change fails there).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,6 +64,7 @@ REFERENCES = {
     "reference_run_dropout0.json": NO_DROPOUT,
     "reference_run_bf16.json": BF16,
 }
+PINNED = ("reference_run.json", "reference_run_dropout0.json")  # fp32: pinned per machine
 
 
 def record(run_dir: Path, **changes: object) -> dict:
@@ -84,15 +96,36 @@ def machine_bf16_flags() -> list[str] | None:
     return machine()["cpu_bf16_flags"]
 
 
+def machine_key() -> str:
+    """What fp32's last bits depend on here: the CPU, the instruction set torch's kernels
+    dispatch to, the bf16 flags, and torch's version, as one file-name-safe key."""
+    m = machine()
+    flags = "-".join(m["cpu_bf16_flags"]) or "no-bf16"
+    key = f"{m['cpu']} {torch.backends.cpu.get_cpu_capability()} {flags} torch {torch.__version__}"
+    return re.sub(r"[^a-z0-9.]+", "-", key.lower()).strip("-")
+
+
+def pin_path(reference: str) -> Path:
+    return DATA / "pinned" / f"{Path(reference).stem}.{machine_key()}.json"
+
+
+@functools.cache
+def recorded(reference: str) -> dict:
+    """The reference's run, trained here once per test session (str keys, as JSON has)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        got = record(Path(scratch) / "run", **REFERENCES[reference])
+    return json.loads(json.dumps(got))
+
+
 @pytest.mark.parametrize("reference", sorted(REFERENCES))
-def test_the_rewritten_trainer_reproduces_the_recorded_run(tmp_path, reference):
+def test_the_rewritten_trainer_reproduces_the_recorded_run(reference):
     expected = json.loads((DATA / reference).read_text())
     if "cpu_bf16_flags" in expected and machine_bf16_flags() != expected["cpu_bf16_flags"]:
         pytest.skip(
             f"{reference} is bf16 on a CPU with {expected['cpu_bf16_flags']}; this one has "
             f"{machine_bf16_flags() or 'no native bf16'}"
         )
-    got = json.loads(json.dumps(record(tmp_path / "run", **REFERENCES[reference])))  # str keys
+    got = recorded(reference)
     assert got["train_loss"].keys() == expected["train_loss"].keys()
     for kind in ("train_loss", "valid_loss"):
         for step, loss in expected[kind].items():
@@ -100,12 +133,50 @@ def test_the_rewritten_trainer_reproduces_the_recorded_run(tmp_path, reference):
     assert got["translations"] == expected["translations"]
 
 
-if __name__ == "__main__":
-    import tempfile
+@pytest.mark.parametrize("reference", PINNED)
+def test_this_machine_reproduces_its_pinned_fp32_run_bit_for_bit(reference):
+    path = pin_path(reference)
+    if not path.is_file():
+        pytest.skip(
+            f"no pin of {reference} for this machine ({machine_key()}): record one with "
+            "python tests/test_reference_run.py --pin"
+        )
+    pinned = json.loads(path.read_text())
+    got = recorded(reference)
+    for kind in ("train_loss", "valid_loss", "translations"):
+        assert got[kind] == pinned[kind], f"{path.name}: {kind} moved"
+    # a pin recorded before the last fp32 change of numerics.yaml would pin another trainer
+    from experiments.records import RESULTS
+    from experiments.records.compare import load_numerics
 
+    last = [e["since"] for e in load_numerics(RESULTS) if e.get("precision", "fp32") == "fp32"]
+    after = subprocess.run(
+        ["git", "merge-base", "--is-ancestor", last[-1], pinned["commit"]],
+        cwd=DATA,
+        capture_output=True,
+    )
+    assert after.returncode != 1, f"{path.name} was recorded before {last[-1][:7]}"
+
+
+def pin(reference: str) -> Path:
+    """This machine's bit-for-bit record of an fp32 reference, with the key and commit."""
+    path = pin_path(reference)
+    path.parent.mkdir(exist_ok=True)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=DATA, capture_output=True, text=True
+    ).stdout.strip()
+    got = {"machine": machine_key(), "commit": commit, **recorded(reference)}
+    path.write_text(json.dumps(got, indent=1) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(DATA.parents[1]))  # experiments/, for the pins' check
+    if sys.argv[1:] == ["--pin"]:
+        for reference in PINNED:
+            print(f"wrote {pin(reference)}")
+        raise SystemExit(0)
     for reference in sys.argv[1:] or REFERENCES:
-        changes = REFERENCES[reference]
-        with tempfile.TemporaryDirectory() as scratch:
-            got = record(Path(scratch) / "run", **changes)
+        got = recorded(reference)
         (DATA / reference).write_text(json.dumps(got, indent=1) + "\n")
         print(f"wrote {DATA / reference}")

@@ -155,7 +155,8 @@ def test_on_a_gpu_setup_runtime_binds_the_device():
     assert torch.get_num_threads() == 2
 
 
-def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
+def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch, tf32_switch):
+    tf32_switch.fp32_precision = "tf32"  # a user's own, after which the legacy getter raises
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Some GPU")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (9, 0))
     monkeypatch.setattr(torch.version, "cuda", "12.8")
@@ -163,12 +164,16 @@ def test_environment_names_the_gpu_and_its_libraries(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
     for device in ("cuda:0", "cpu"):
-        write_environment(tmp_path / device, runtime.Runtime(device=torch.device(device)), None)
+        write_environment(
+            tmp_path / device, runtime.Runtime(device=torch.device(device)), "tf32", None
+        )
     [gpu] = json.loads((tmp_path / "cuda:0" / "environment.json").read_text())["segments"]
     assert (gpu["device"], gpu["gpu"], gpu["gpu_capability"]) == ("cuda:0", "Some GPU", "9.0")
     assert (gpu["cuda"], gpu["cudnn"], gpu["nccl"]) == ("12.8", 90100, "2.27.3")
+    assert (gpu["precision"], gpu["tf32_matmul"]) == ("fp32, TF32 matrix multiplies", True)
     [cpu] = json.loads((tmp_path / "cpu" / "environment.json").read_text())["segments"]
     assert cpu["device"] == "cpu" and not {"gpu", "cuda", "cudnn", "nccl"} & cpu.keys()
+    assert cpu["precision"] == "fp32"
 
 
 def test_a_second_signal_stops_at_once_saying_what_was_last_saved():

@@ -2,6 +2,7 @@
 over-long, invalid UTF-8, broken run directory), --ban-eos lengths, and the ``translate``
 command end to end on a tiny model trained here."""
 
+import copy
 import io
 import os
 import pty
@@ -13,12 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import FakeCuda
 from helpers import child_env, tiny_run_dir
 
 from seq2seq.commands.cli import main
 from seq2seq.config import DecodeConfig
 from seq2seq.data.batching import batches_of, collate
-from seq2seq.decoding.search import beam_search, greedy_search, max_output_length
+from seq2seq.decoding.search import Hypothesis, beam_search, greedy_search, max_output_length
 from seq2seq.decoding.translate import (
     Translator,
     format_translations,
@@ -26,6 +28,7 @@ from seq2seq.decoding.translate import (
     translate_ids_nbest,
 )
 from seq2seq.errors import Seq2SeqError
+from seq2seq.run.precision import tf32_in_force
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SENTENCES = [
@@ -303,3 +306,26 @@ def test_progress_reports_sentences_and_tokens_per_second(monkeypatch):
     assert progress.bar.n == 40 and "tok/s" in sys.stderr.getvalue()
     progress.close()
     assert not DecodeProgress(total=100, enabled=False).bar.n
+
+
+def test_a_translator_decodes_on_cuda_in_the_precision_its_run_validated_with(
+    translator, monkeypatch, tf32_switch
+):
+    """Validation of a run on CUDA decodes with TF32 as its precision says: so does a
+    Translator of the run, inside its calls alone, whatever engine replaces ``_search`` (as
+    seq2seq.decoding.export's does)."""
+    FakeCuda(count=1).install(monkeypatch)
+    gpu, seen = torch.device("cuda:0"), []
+
+    class Engine(Translator):
+        def _search(self, src_ids, decode, need_weights):
+            seen.append(tf32_in_force(self.device))
+            return [[Hypothesis(ids[:1], 0.0, "eos", normalized_score=0.0)] for ids in src_ids]
+
+    for precision, tf32 in (("tf32", True), ("auto", True), ("fp32", False)):
+        config = copy.deepcopy(translator.config)
+        config.train.precision = precision
+        seen.clear()
+        tf32_switch.fp32_precision = "none"
+        Engine(config, translator.tokenizer, translator.model, gpu).translate(["Ein Hund."])
+        assert seen == [tf32] and tf32_switch.fp32_precision == "none", precision

@@ -3,8 +3,10 @@ the comparisons (mean ± sd per arm, the difference, its 95% confidence interval
 one table per question of ``goals.yaml``.
 
 A comparison is *paired* only when every run of both arms trained on the same machine (its bf16
-flags included) with the same trainer numerics (``numerics.yaml``) and the arms share their
-seeds: its interval is the paired t's, over the per-seed differences. Otherwise the table says
+flags included) with the same known trainer numerics (``numerics.yaml``) and the arms share their
+seeds: its interval is the paired t's, over the per-seed differences. A run whose code is not
+a commit (uncommitted changes: ``git_dirty``) or whose commit git does not know has an
+"unknown" trainer and is never paired. Otherwise the table says
 "unpaired" and the interval is Welch's t, from each arm's spread over its seeds. A lead is
 called only when the difference lies outside its 95% interval (two-sided, t at the arms' degrees
 of freedom, not 2 × SE: with 2 or 3 seeds an arm, twice the standard error is a 10-20% test);
@@ -23,22 +25,28 @@ from typing import Any
 from experiments.records import REPO, RecordError
 from experiments.records.load import Training, read_json, read_yaml
 from experiments.records.stats import Interval, paired_t, welch_t
+from seq2seq.run.precision import PRECISIONS
 
 NUMERICS = "numerics.yaml"  # in the results folder
+UNKNOWN = "unknown"  # the trainer of code no commit names: never paired
 
 
 def load_numerics(results: Path) -> list[dict[str, Any]]:
     """``numerics.yaml``: trainer versions, oldest first, each ``since`` a commit (the first
     ``null``), and, for a change that moves one precision's numbers only, that ``precision``
-    (as ``environment.json`` names it: "bf16 autocast", "fp32")."""
+    (as ``environment.json`` names it: one of ``PRECISIONS``)."""
     path = results / NUMERICS
     entries = read_yaml(path) if path.is_file() else []
     if not isinstance(entries, list) or any(
-        "trainer" not in e or "since" not in e or set(e) - {"since", "trainer", "precision"}
+        "trainer" not in e
+        or "since" not in e
+        or set(e) - {"since", "trainer", "precision"}
+        or e.get("precision", PRECISIONS[0]) not in PRECISIONS
         for e in entries
     ):
         raise RecordError(
-            f"{path}: a list of {{since: COMMIT, trainer: NAME, precision: (optional)}} entries"
+            f"{path}: a list of {{since: COMMIT, trainer: NAME, precision: (optional, one of "
+            f"{', '.join(PRECISIONS)})}} entries"
         )
     return entries
 
@@ -48,13 +56,15 @@ def trainer_at(
     numerics: list[dict[str, Any]],
     precision: str | None = None,
     repo: Path = REPO,
+    dirty: bool | None = None,
 ) -> str:
     """The trainer numerics of a run trained at ``commit`` in ``precision``: the last entry it
     descends from (git decides) among those of every precision or of its own; "unknown"
-    without a commit or a git checkout that has it."""
-    if not commit or not numerics:
-        return "unknown"
-    found = "unknown"
+    without a commit or a git checkout that has it, and for code ``dirty`` with changes no
+    commit holds. (Records written before the flag have none: their commit decides.)"""
+    if not commit or not numerics or dirty:
+        return UNKNOWN
+    found = UNKNOWN
     for entry in numerics:
         if entry.get("precision", precision) != precision:
             continue
@@ -69,16 +79,24 @@ def trainer_at(
         if ancestor.returncode == 0:
             found = entry["trainer"]
         elif ancestor.returncode != 1:  # 128: git does not know a commit
-            return "unknown"
+            return UNKNOWN
     return found
 
 
 def trainer_of_run(environment: dict[str, Any], numerics: list[dict[str, Any]]) -> str:
-    """The trainer of each training segment of a run's ``environment.json`` (its commit and
-    precision), once each."""
+    """The trainer of each training segment of a run's ``environment.json`` (its commit,
+    precision and dirty flag), once each."""
     segments = environment.get("segments", [])
-    trainers = (trainer_at(s.get("git_commit"), numerics, s.get("precision")) for s in segments)
-    return " + ".join(dict.fromkeys(trainers)) or "unknown"
+    trainers = (
+        trainer_at(s.get("git_commit"), numerics, s.get("precision"), dirty=s.get("git_dirty"))
+        for s in segments
+    )
+    return " + ".join(dict.fromkeys(trainers)) or UNKNOWN
+
+
+def known(trainer: str) -> bool:
+    """Whether every segment's trainer is known: a run with one unknown is never paired."""
+    return UNKNOWN not in trainer.split(" + ")
 
 
 def record_trainer(folder: Path, numerics: list[dict[str, Any]]) -> str:
@@ -115,7 +133,7 @@ def _by_seed(arm: Arm) -> dict[int, float]:
 
 def paired(a: Arm, b: Arm) -> bool:
     runs = a.runs + b.runs
-    same = len({(r.machine, r.trainer) for r in runs}) == 1
+    same = len({(r.machine, r.trainer) for r in runs}) == 1 and known(runs[0].trainer)
     return same and sorted(r.seed for r in a.runs) == sorted(r.seed for r in b.runs)
 
 

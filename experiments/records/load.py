@@ -173,6 +173,12 @@ def _bf16_flags(segment: dict[str, Any]) -> str:
     return ", ".join(flags) or "no bf16 flags"
 
 
+def commit_of(env: dict[str, Any]) -> str:
+    """The commit a record names, short, and whether the code had changes it does not hold."""
+    commit = (env.get("git_commit") or "unknown")[:10]
+    return commit + " with uncommitted changes" * bool(env.get("git_dirty"))
+
+
 def metrics_rows(folder: Path) -> list[dict[str, Any]]:
     """``metrics.jsonl``'s rows; a step logged twice (a resumed run) counts once, the last."""
     rows: dict[tuple[str, int], dict] = {}

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from experiments.records import REPO, RecordError
-from experiments.records.load import read_json
+from experiments.records.load import commit_of, read_json
 
 
 def _machine(env: dict[str, Any]) -> str:
     flags = ", ".join(env.get("cpu_bf16_flags") or []) or "no bf16 flags"
-    commit = (env.get("git_commit") or "unknown")[:10]
+    commit = commit_of(env)
     threads = f"{env['threads']} thread{'s' * (env['threads'] != 1)}"
     return f"{env['cpu']} ({flags}), {threads}, commit {commit}"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.records import BENCHMARK, RecordError
-from experiments.records.load import read_json
+from experiments.records.load import commit_of, read_json
 
 _TRAINED = ("environment", "model_config", "parameters", "precision")  # _model_line's fields
 NEEDS = {
@@ -60,7 +60,7 @@ def _benchmark(folder: Path) -> dict[str, Any]:
 
 
 def environment_line(env: dict[str, Any]) -> str:
-    commit = (env.get("git_commit") or "unknown")[:10]
+    commit = commit_of(env)
     return (
         f"{env['cpu']}, {env['threads']} torch thread(s), torch {env['versions']['torch']}, "
         f"commit {commit}"
@@ -266,7 +266,7 @@ def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
     """``bench_train.py``'s rows: what it prints and what the render shows."""
     lines = [
         "| set-up | target tokens/s (median) | min–max | ms/step | model GFLOP/s | of fp32 peak "
-        "| of bf16 peak | warm-up s | operators/step |",
+        "| of bf16 peak | warm-up s | profiler events/step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += [
@@ -274,7 +274,7 @@ def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
         f"| {r['tokens_per_s_min']:,.0f}–{r['tokens_per_s_max']:,.0f} | {r['ms_per_step']:.1f} "
         f"| {r['model_flops_per_s'] / 1e9:.2f} | {r['model_flops_per_s'] / peaks['fp32']:.1%} "
         f"| {_share(r['model_flops_per_s'], peaks.get('bf16'))} | {r['warmup_seconds']:.1f} "
-        f"| {r.get('ops_per_step', '—')} |"
+        f"| {r.get('profiler_events_per_step', '—')} |"
         for r in results
     ]
     return "\n".join(lines)

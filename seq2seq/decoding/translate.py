@@ -42,7 +42,7 @@ from seq2seq.decoding.load import load_run
 from seq2seq.decoding.search import Hypothesis, translate_batch
 from seq2seq.errors import Seq2SeqError
 from seq2seq.model.transformer import Seq2Seq
-from seq2seq.run.precision import autocast, autocast_dtype
+from seq2seq.run.precision import autocast, autocast_dtype, matmul_precision
 from seq2seq.run.runtime import setup_runtime
 
 CHUNK_LINES = 1000  # lines read, translated and written at a time by translate_stream
@@ -146,6 +146,14 @@ class Translator:
         # The precision the run validated with, where the hardware has it.
         self.dtype = autocast_dtype(config.train.precision, device)
 
+    @contextlib.contextmanager
+    def numerics(self) -> Iterator[None]:
+        """The precision the run validated with, inside this block: its autocast, and on CUDA
+        its TF32 matrix multiplies on or off (the process's switch as it was after)."""
+        tf32 = matmul_precision(self.config.train.precision, self.device)
+        with tf32, autocast(self.device, self.dtype):
+            yield
+
     @classmethod
     def from_run(cls, run_dir: str | Path, device: str = DEFAULT_DEVICE) -> Translator:
         resolved = setup_runtime(device).device
@@ -193,7 +201,8 @@ class Translator:
         whole = [list(range(len(todo)))]
         groups = whole if progress is None else batches_of(sources, None, decode.max_tokens)
         for group in groups:
-            searched = self._search([sources[k] for k in group], decode, need_weights)
+            with self.numerics():
+                searched = self._search([sources[k] for k in group], decode, need_weights)
             for k, hyps in zip(group, searched, strict=True):
                 found[k] = hyps
             if progress is not None:

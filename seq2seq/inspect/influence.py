@@ -28,6 +28,7 @@ from torch import Tensor
 from seq2seq.decoding.deadline import check_deadline
 from seq2seq.model.masks import check_rows, padding_mask
 from seq2seq.model.transformer import Seq2Seq
+from seq2seq.run.precision import tf32_in_force
 from seq2seq.vocab import BOS_ID
 
 # Logits per occlusion pass, (O, T, V) floats: 128 MB in fp32. 40 source by 40 target
@@ -41,11 +42,17 @@ MAX_LOGITS = 2**25
 # above its largest move; fp32's is twice it, rounded up, for models larger than the tour's.
 TIE_NATS = 0.11  # a map computed under bf16 autocast
 TIE_NATS_FP32 = 1e-5
+# Not measured (TF32 is CUDA's alone): TF32 rounds a matrix multiply's inputs to 10 mantissa
+# bits where bf16 keeps 7, so bf16's threshold is the wider of the two.
+TIE_NATS_TF32 = TIE_NATS
 
 
-def tie_nats(dtype: torch.dtype | None) -> float:
-    """The tie threshold of a map computed under autocast to ``dtype`` (None: fp32)."""
-    return TIE_NATS if dtype == torch.bfloat16 else TIE_NATS_FP32
+def tie_nats(dtype: torch.dtype | None, device: torch.device | None = None) -> float:
+    """The tie threshold of a map computed now under autocast to ``dtype`` (None: fp32) on
+    ``device``, by the precision in force: TF32 matrix multiplies there take TF32's."""
+    if dtype == torch.bfloat16:
+        return TIE_NATS
+    return TIE_NATS_TF32 if device is not None and tf32_in_force(device) else TIE_NATS_FP32
 
 
 def influence_note(scored: str = "this output", tie: float = TIE_NATS) -> str:

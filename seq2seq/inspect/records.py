@@ -44,7 +44,6 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model.masks import padding_mask
-from seq2seq.run.precision import autocast
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 TEACHER_FORCED = "teacher-forced on the given reference"
@@ -117,7 +116,7 @@ def sentence_interventions(
     specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
     decode = _decode_config(translator, 1, max_len, ban_eos)
     source = _source(translator, sentence, words)
-    with autocast(translator.device, translator.dtype):
+    with translator.numerics():
         return intervention_records(
             translator, source.src, decode, specs, source.columns, source.units
         )
@@ -194,7 +193,7 @@ def _record(
     interventions hide whole source words already (``_to_words`` merges the rest)."""
     tok, model = translator.tokenizer, translator.model
     src, src_tokens, columns, src_units, notes = _source(translator, sentence, by_word)
-    with autocast(translator.device, translator.dtype):
+    with translator.numerics():
         if reference is None:
             hyps = translate_batch(model, src, decode, need_weights=True)[0]
         else:
@@ -209,6 +208,7 @@ def _record(
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
         probs = _step_probs(model, src, tgt_ids)  # (Tq, V)
         occlusion = occlude(model, src, tgt_ids, columns) if influence else None
+        tie = tie_nats(translator.dtype, translator.device)  # of the precision in force
         changes = intervention_records(translator, src, decode, specs, columns, src_units)
 
     weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
@@ -249,13 +249,13 @@ def _record(
         if occlusion is None
         else influence_note(
             "this output" if reference is None else "the given reference",
-            tie_nats(translator.dtype),
+            tie,
         ),
         "most_attended": None,
         "most_influential": None,
         "tied": None,
         "agree": None,
-        "tie_nats": None if occlusion is None else tie_nats(translator.dtype),
+        "tie_nats": None if occlusion is None else tie,
         "interventions": changes,
     }
 

@@ -5,21 +5,31 @@
 CPU without AVX512-BF16 or AMX, a CUDA device below compute capability 8.0 such as a T4 or
 V100) is slower than fp32, so a run that asks for bf16 there computes in fp32 and says so.
 ``tf32`` keeps fp32 tensors and lets CUDA's matrix multiplies round their inputs to
-TensorFloat-32 (fp32 elsewhere). ``auto`` is ``bf16`` on a CPU and ``CUDA_AUTO`` on CUDA.
-On an H200 the default model's step is bound by launching kernels, not by arithmetic, and
-bf16 autocast adds a cast before each matrix multiply: bench_train's eager step ran 119,795
-target tokens/s in tf32 against 68,215 under bf16 on one machine
-(experiments/results/gpu-check-h200; the trainer's own rate in both precisions on one
-machine is not measured yet).
+TensorFloat-32 (fp32 elsewhere), inside training and a ``Translator``'s calls only
+(``matmul_precision``): torch's switch is the process's, and a notebook's own models keep
+theirs. ``auto`` is ``bf16`` on a CPU and ``CUDA_AUTO`` on CUDA.
+
+``CUDA_AUTO`` awaits a paired run: no record yet times the trainer in tf32 and in bf16 on one
+machine, interleaved (the GPU issue, 61, measures it). On an H200
+(experiments/results/gpu-check-h200) the medians so far come from separate bench runs, and
+one bench run's rounds spread widely: in ``bench_train_compiled_whole_bf16.json`` our eager
+bf16 step ran 81,514 target tokens/s median, 55,681-118,673 over its 3 rounds. Within one
+run (``bench_train_eager_bf16.json``) nn.Transformer stepped 87,981 (73,615-95,391) in strict
+fp32 against 75,206 (73,565-90,385) under bf16 autocast: overlapping rounds, no lead either
+way.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
-CUDA_AUTO = "tf32"  # what auto means on CUDA, from the measurement named above
+CUDA_AUTO = "tf32"  # what auto means on CUDA: provisional, until a paired run decides
+# What environment.json (and numerics.yaml) call the precision a run computed in.
+BF16, FP32, TF32 = "bf16 autocast", "fp32", "fp32, TF32 matrix multiplies"
+PRECISIONS = (BF16, FP32, TF32)
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:
@@ -29,10 +39,49 @@ def resolved_precision(precision: str, device: torch.device) -> str:
     return CUDA_AUTO if device.type == "cuda" else "bf16"
 
 
-def set_matmul_precision(precision: str, device: torch.device) -> None:
-    """On CUDA, TF32 matrix multiplies on or off for this process as ``precision`` says."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = resolved_precision(precision, device) == "tf32"
+def wants_tf32(precision: str, device: torch.device) -> bool:
+    """Whether a run of ``precision`` multiplies fp32 matrices in TF32 on ``device``."""
+    return device.type == "cuda" and resolved_precision(precision, device) == "tf32"
+
+
+def precision_name(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
+    """What a run of ``precision`` (autocast to ``dtype``) computes in: one of PRECISIONS."""
+    if dtype is not None:
+        return BF16
+    return TF32 if wants_tf32(precision, device) else FP32
+
+
+def _tf32_switch() -> tuple[str, object]:
+    """The name and value of torch's switch for TF32 matrix multiplies: the current API
+    (``fp32_precision``, torch 2.9 on) where torch has it, whose legacy getter
+    (``allow_tf32``) raises once it is set; the legacy one before it."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        return "fp32_precision", matmul.fp32_precision
+    return "allow_tf32", matmul.allow_tf32
+
+
+def tf32_in_force(device: torch.device) -> bool:
+    """Whether fp32 matrix multiplies on ``device`` round their inputs to TF32 now."""
+    _, value = _tf32_switch()
+    return device.type == "cuda" and value in ("tf32", True)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
+    """On CUDA, TF32 matrix multiplies on or off as ``precision`` says, inside this block;
+    the switch as it was after it, however the block ends. Elsewhere nothing changes."""
+    if device.type != "cuda":
+        yield
+        return
+    name, saved = _tf32_switch()
+    on = wants_tf32(precision, device)
+    matmul = torch.backends.cuda.matmul
+    setattr(matmul, name, ("tf32" if on else "ieee") if name == "fp32_precision" else on)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, saved)
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -60,11 +109,10 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
 
 def describe_precision(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
     """What a run computes in, for its first line: ``bf16 autocast on cuda:0``, ``fp32 on cpu``,
-    with a note when bf16 was asked for and is not native on ``device``."""
-    precision = resolved_precision(precision, device)
+    with a note when bf16 was asked for (not ``auto``) and is not native on ``device``."""
     if dtype is not None:
         return f"bf16 autocast on {device}"
-    if precision == "tf32" and device.type == "cuda":
+    if wants_tf32(precision, device):
         return f"fp32 with TF32 matrix multiplies on {device}"
     if precision == "bf16":
         return f"fp32 (note: bf16 is not native here, and emulated it is slower) on {device}"

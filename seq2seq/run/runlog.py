@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import platform
@@ -18,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from seq2seq.fileio import atomic_write_text
+from seq2seq.run.precision import TF32, precision_name, tf32_in_force
 from seq2seq.run.runtime import Runtime, sdpa_kernels_on
 from seq2seq.version import __version__
 
@@ -80,22 +82,54 @@ def _logged_step(line: str) -> float:
 BF16_FLAGS = {"amx_bf16", "amx_tile", "avx512_bf16"}
 
 
+PACKAGE = Path(__file__).resolve().parents[1]  # the seq2seq folder this process imported
+
+
 def git_commit(checkout: Path) -> str | None:
     """The commit checked out in ``checkout``; None outside a git checkout or without git."""
+    return _git(checkout, "rev-parse", "HEAD") or None
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """``git -C folder ARGS``'s output; None where git is missing or refuses."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         done = subprocess.run(
-            ["git", "-C", str(checkout), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
+            ["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=5
         )
-        return done.stdout.strip() or None if done.returncode == 0 else None
+        return done.stdout.strip() if done.returncode == 0 else None
     return None
 
 
+def code_of(package: Path = PACKAGE) -> dict[str, Any]:
+    """The code that runs: the commit of the checkout holding ``package``, whether the
+    package's files are not that commit's (``git_dirty``: uncommitted or untracked files, as
+    in a copy of a tree whose ``.git`` is older than its files), and the sha256 of the
+    package's files as imported, which names the code with or without git. Commit and flag
+    are None outside a git checkout: a record of such a run, or of a dirty one, is never
+    paired with another (experiments/records/compare.py)."""
+    commit = git_commit(package)
+    status = _git(package, "status", "--porcelain", "--", ".") if commit else None
+    return {
+        "git_commit": commit if status is not None else None,
+        "git_dirty": None if status is None else bool(status),
+        "code_sha256": code_sha256(package),
+    }
+
+
+def code_sha256(package: Path = PACKAGE) -> str:
+    """The sha256 of every file under ``package`` (bytecode caches aside), each named by its
+    path in the package: one digest per version of the code, committed or not."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
 def machine() -> dict[str, Any]:
-    """Versions, git commit, CPU model and torch threads: what a number was measured on
-    (every run's ``environment.json``, and the benchmarks' JSON)."""
+    """Versions, the code (``code_of``), CPU model and torch threads: what a number was
+    measured on (every run's ``environment.json``, and the benchmarks' JSON)."""
     import sentencepiece
 
     versions = {
@@ -105,7 +139,6 @@ def machine() -> dict[str, Any]:
         "sacrebleu": sacrebleu.__version__,
         "seq2seq": __version__,
     }
-    commit = git_commit(Path(__file__).resolve().parents[2])
     cpu, flags = platform.processor() or platform.machine(), set()
     with contextlib.suppress(OSError):
         first = Path("/proc/cpuinfo").read_text().split("\n\n")[0]  # the first processor
@@ -115,7 +148,7 @@ def machine() -> dict[str, Any]:
         cpu, flags = info.get("model name", cpu), set(info.get("flags", "").split())
     return {
         "versions": versions,
-        "git_commit": commit,
+        **code_of(),
         "cpu": cpu,
         # what bf16 speed depends on: AMX tiles, AVX512-BF16, or neither (emulated)
         "cpu_bf16_flags": sorted(flags & BF16_FLAGS),
@@ -123,9 +156,10 @@ def machine() -> dict[str, Any]:
     }
 
 
-def accelerator(device: torch.device) -> dict[str, Any]:
-    """On a GPU: its name and compute capability, and the CUDA, cuDNN and NCCL versions this
-    torch was built with; nothing elsewhere."""
+def accelerator(device: torch.device, tf32: bool | None = None) -> dict[str, Any]:
+    """On a GPU: its name and compute capability, the CUDA, cuDNN and NCCL versions this
+    torch was built with, the SDPA kernels on, and whether fp32 matrix multiplies are TF32
+    (``tf32``; None: as the switch is now); nothing elsewhere."""
     if device.type != "cuda":
         return {}
     nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
@@ -136,26 +170,26 @@ def accelerator(device: torch.device) -> dict[str, Any]:
         "cudnn": torch.backends.cudnn.version(),
         "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
         "sdpa_kernels": [name for name, on in sdpa_kernels_on().items() if on],
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_matmul": tf32_in_force(device) if tf32 is None else tf32,
     }
 
 
-def _fp32(device: torch.device) -> str:
-    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    return "fp32, TF32 matrix multiplies" if tf32 else "fp32"
-
-
-def write_environment(run_dir: Path, runtime: Runtime, dtype, step: int = 0) -> None:
-    """What someone needs to reproduce a number: versions, hardware, the command line.
+def write_environment(
+    run_dir: Path, runtime: Runtime, precision: str, dtype: torch.dtype | None, step: int = 0
+) -> None:
+    """What someone needs to reproduce a number: versions, hardware, the command line, and
+    what a run of ``train.precision`` (autocast to ``dtype``) computes in, as
+    ``precision.PRECISIONS`` names it.
 
     ``environment.json`` holds ``{"segments": [...]}``, one entry per stretch of training
     (``from_step`` where it began): a run resumed on another machine records both."""
+    computes_in = precision_name(precision, dtype, runtime.device)
     environment = {
         **machine(),
         "device": str(runtime.device),
-        **accelerator(runtime.device),
+        **accelerator(runtime.device, tf32=computes_in == TF32),
         "processes": runtime.world,
-        "precision": "bf16 autocast" if dtype else _fp32(runtime.device),
+        "precision": computes_in,
         "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "from_step": step,

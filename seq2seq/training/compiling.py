@@ -13,12 +13,14 @@ on in silence: here the run says so in its log and goes on eagerly, whatever the
 
 On CPU every compiled set-up measured (whole model, per layer, max-autotune, length
 buckets; ``bench_train.py --compile --json`` records them, docs/results.md renders the
-records) was slower than eager, so ``auto`` is eager on CPU. On an H200
-(experiments/results/gpu-check-h200) the whole model compiled with dynamic shapes stepped
-117,366 target tokens/s under bf16 against eager's 68,215, after 86 s of compiling; eager
-in tf32, the precision ``auto`` takes there, stepped 119,795 on the same machine, and the
-compiled step in tf32 was not measured: ``auto`` stays eager on CUDA until it is. MPS is
-not measured. A device type joins ``COMPILE_WINS`` when a measurement says so.
+records) was slower than eager, so ``auto`` is eager on CPU. On an H200, in one bench run
+(experiments/results/gpu-check-h200/bench_train_compiled_whole_bf16.json, 3 interleaved
+rounds), the whole model compiled with dynamic shapes stepped 117,366 target tokens/s median
+(113,158-161,926 a round) under bf16 against eager's 81,514 (55,681-118,673), after 86 s of
+compiling: the rounds overlap. The compiled step in tf32, the precision ``auto`` takes there,
+was not measured, and that default itself awaits a paired run (precision.py; the GPU issue,
+61, measures both): ``auto`` stays eager on CUDA until then. MPS is not measured. A device
+type joins ``COMPILE_WINS`` when a measurement says so.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.run import checkpoint
-from seq2seq.run.precision import autocast, autocast_dtype, describe_precision, set_matmul_precision
+from seq2seq.run.precision import autocast, autocast_dtype, describe_precision, matmul_precision
 from seq2seq.run.runlog import MetricsLog, say, write_environment
 from seq2seq.run.runtime import (
     Runtime,
@@ -83,13 +83,12 @@ class Trainer(ValidationSteps):
         torch.manual_seed(config.train.seed)
         self.data = self._prepare_data()
         self.dtype = autocast_dtype(config.train.precision, runtime.device)
-        set_matmul_precision(config.train.precision, runtime.device)
         self._save_recipe()
         self.model, self.optimizer, self.schedule = self._build_model()
         self.state = self._restore()
         self.ema = WeightEMA(self.model, config.train.ema, self.last_file() if resume else None)
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
-            write_environment(run_dir, runtime, self.dtype, self.state.step)
+            write_environment(run_dir, runtime, config.train.precision, self.dtype, self.state.step)
         self.ddp, self.forward, self.compile_errors = self._forward()
         self.use_pairs(self.data.train)
         self.subwords = self._subword_sampler()
@@ -202,6 +201,7 @@ class Trainer(ValidationSteps):
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> TrainState:
+        """Train until a budget, patience or a signal stops it (TF32 as asked, here alone)."""
         s, t = self.state, self.config.train
         self.model.train()
         s.stop_reason = self.check_stop()  # a resumed run may already be over
@@ -213,7 +213,8 @@ class Trainer(ValidationSteps):
             return agree(self.runtime, s)
         s.finished = False
         self.log.log("start", s.step, peak_memory(self.runtime.device))  # before any step
-        with self.signals, self.subwords or contextlib.nullcontext():
+        numerics = matmul_precision(t.precision, self.runtime.device)
+        with numerics, self.signals, self.subwords or contextlib.nullcontext():
             if not self.resumed:  # before any validation writes weights: from here on it resumes
                 self.save()
             if not self.signals.installed:
