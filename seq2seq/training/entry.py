@@ -24,8 +24,7 @@ from seq2seq.config import Config, config_from_dict, given_values
 from seq2seq.run import checkpoint, rundir
 from seq2seq.run.runlog import say
 from seq2seq.run.runtime import barrier, setup_runtime
-from seq2seq.training.resume import budgets_of, resume_config
-from seq2seq.training.state import already_finished, nothing_to_train
+from seq2seq.training.budget import already_finished, budgets_of, nothing_to_train, resume_config
 from seq2seq.training.trainer import Trainer
 
 
@@ -84,7 +83,7 @@ def train(
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
 
     With ``resume``, the recipe comes from the run's saved config and only the budgets
-    (``resume.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
+    (``budget.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
     to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
     scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
     """

@@ -1,16 +1,15 @@
-"""The trainer's counters and its budgets: ``TrainState``, saved with every checkpoint; which
-budget a run has spent; and the one-line descriptions of its dropout and subword schedules.
+"""The trainer's counters, ``TrainState``, saved with every checkpoint (budget.py reads them
+against the budgets), and the one-line descriptions of a run's end and of its dropout and
+subword schedules.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from seq2seq.config import Config, TrainConfig
-from seq2seq.run import checkpoint
+from seq2seq.config import Config
 
 
 @dataclass
@@ -41,41 +40,13 @@ class TrainState:
 
 
 # ---------------------------------------------------------------------------------------
-# The budgets.
-
-
-def nothing_to_train(run_dir: Path, t: TrainConfig) -> TrainState | None:
-    """The saved state of a finished run that the budgets ``t`` end where it is, its stop
-    reason set; None when there is training left. Read from ``last.safetensors`` alone."""
-    s = TrainState.from_saved(checkpoint.read_tensors(run_dir / checkpoint.LAST_FILE)[1])
-    if not s.finished:
-        return None
-    clock = f"max_time {t.max_time:g} min" if t.max_time and s.elapsed >= t.max_time * 60 else None
-    epochs = f"max_epochs {t.max_epochs}" if s.epoch >= t.max_epochs else None
-    s.stop_reason = spent_budget(s, t) or clock or epochs
-    return s if s.stop_reason else None
-
-
-def spent_budget(s: TrainState, t: TrainConfig) -> str | None:
-    """The budget the counters say is spent (patience, then steps): the same on every rank."""
-    if s.bad_validations >= t.patience:
-        return f"no BLEU improvement in {t.patience} validations"
-    if t.max_steps is not None and s.step >= t.max_steps:
-        return f"max_steps {t.max_steps}"
-    return None
+# The end of a run, in words.
 
 
 def describe_end(s: TrainState, minutes: float) -> str:
     """The end of a run in a few words: its best score (none before a validation), its length."""
     best = f"best validation BLEU {s.best_bleu:.2f} at step {s.best_step}"
     return f"{best if s.best_bleu >= 0 else 'not validated yet'}; {s.step} steps, {minutes:.1f} min"
-
-
-def already_finished(run_dir: Path, reason: str) -> str:
-    return (
-        f"the run in {run_dir} is already finished ({reason}); nothing to do "
-        "(a larger budget on the command line trains it further)"
-    )
 
 
 # ---------------------------------------------------------------------------------------

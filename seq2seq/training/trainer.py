@@ -3,7 +3,7 @@
 Nothing here knows how the model works inside: it takes logits from ``model(src, tgt_in)``,
 computes the loss apart, and owns the schedule, clipping, validation, checkpoints and logs.
 ``entry.train`` makes the run directory ready and builds the ``Trainer``; its counters are
-state.py's, and its validation side is validation.py's ``ValidationSteps``.
+state.py's, its budgets budget.py's, and its validation side is validation.py's ``ValidationSteps``.
 The same code runs as one process or, under ``torchrun``, as several with
 DistributedDataParallel: every rank builds the same batch order, each takes its share of
 every batch, gradients are averaged, and only rank 0 writes files or prints.
@@ -47,19 +47,12 @@ from seq2seq.run.runtime import (
     peak_memory,
     seed_ranks,
 )
-from seq2seq.training import optim
+from seq2seq.training import budget, optim
 from seq2seq.training.compiling import compile_errors, compiled, fallback, wants_compile
 from seq2seq.training.ema import WeightEMA
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
-from seq2seq.training.state import (
-    TrainState,
-    already_finished,
-    describe_dropout,
-    describe_end,
-    describe_subwords,
-    spent_budget,
-)
+from seq2seq.training.state import TrainState, describe_dropout, describe_end, describe_subwords
 from seq2seq.training.validation import ValidationSteps
 
 
@@ -98,7 +91,7 @@ class Trainer(ValidationSteps):
             self.signals.saved = self.saved_state()
         # A monotonic clock: a suspended laptop or a clock step does not count as training.
         self.started = time.monotonic() - self.state.elapsed
-        self.budget_used = 0.0  # share of max_time spent, as rank 0 measured it at check_stop
+        self.agreed_elapsed = self.state.elapsed  # rank 0's seconds trained, at check_stop
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self._introduce()
 
@@ -205,10 +198,8 @@ class Trainer(ValidationSteps):
         s, t = self.state, self.config.train
         self.model.train()
         s.stop_reason = self.check_stop()  # a resumed run may already be over
-        if s.stop_reason is None and s.epoch >= t.max_epochs:
-            s.stop_reason = f"max_epochs {t.max_epochs}"
         if self.resumed and s.finished and s.stop_reason:  # the clock ran out since train() looked
-            self.say(already_finished(self.run_dir, s.stop_reason))
+            self.say(budget.already_finished(self.run_dir, s.stop_reason))
             self.log.close()
             return agree(self.runtime, s)
         s.finished = False
@@ -223,15 +214,14 @@ class Trainer(ValidationSteps):
                     "a notebook's stop button) cannot stop it at a step's end and save it "
                     "(Python takes signals in the main thread alone)"
                 )
-            while s.stop_reason is None and s.epoch < t.max_epochs:
+            while s.stop_reason is None:  # the last epoch's end says max_epochs, at the latest
                 self.train_epoch()
                 self.save()
-            s.stop_reason = s.stop_reason or f"max_epochs {t.max_epochs}"
             if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
                 self.finish()
             self.save()
         self.log.close()
-        minutes = (time.monotonic() - self.started) / 60
+        minutes = self.elapsed() / 60
         self.say(f"stopped: {s.stop_reason}; {describe_end(s, minutes)}; run in {self.run_dir}")
         return agree(self.runtime, s)  # the elapsed time is rank 0's
 
@@ -277,13 +267,15 @@ class Trainer(ValidationSteps):
                     break
         bar.close()
         if s.batch >= len(batches):
-            s.epoch, s.batch = s.epoch + 1, 0
             # Validation is collective under torchrun: decided on the agreed reason, never on
-            # this rank's own signal flag, which another rank may not have yet.
+            # this rank's own signal flag, which another rank may not have yet. Read before the
+            # epoch counts, so that the epoch budget ranks below what its validation spends.
             s.stop_reason = s.stop_reason or self.check_stop()
-            if not t.validate_every and not (s.stop_reason or "").startswith("signal"):
+            s.epoch, s.batch = s.epoch + 1, 0
+            validating = not t.validate_every and not (s.stop_reason or "").startswith("signal")
+            if validating:
                 self.validate()
-                s.stop_reason = s.stop_reason or self.check_stop()
+            s.stop_reason = s.stop_reason or self.check_stop(read_clock=validating)
 
     def epoch_pairs(self) -> PairStore | None:
         """This epoch's sampled training pairs. Rank 0 alone samples, while the other ranks
@@ -342,9 +334,8 @@ class Trainer(ValidationSteps):
         if not (math.isfinite(mean_loss) and math.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan, n_total
-        self.optimizer.set_lr(
-            self.schedule(self.state.step + 1) * cooldown(self.budget_used, t.cooldown)
-        )
+        used = budget.used(self.state, t, self.agreed_elapsed)  # the same on every rank
+        self.optimizer.set_lr(self.schedule(self.state.step + 1) * cooldown(used, t.cooldown))
         self.optimizer.step()
         self.ema.update(self.state.step + 1)
         return mean_loss, n_total
@@ -366,8 +357,8 @@ class Trainer(ValidationSteps):
             rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
             lr = self.optimizer.param_groups[0]["lr"]
             postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
-            if t.max_time:
-                left = max(0.0, t.max_time * 60 - (time.monotonic() - self.started))
+            left = budget.time_left(t, self.elapsed())
+            if left is not None:
                 postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
             bar.set_postfix(postfix)
             dropout = self.model.src_embed.dropout.p
@@ -404,7 +395,7 @@ class Trainer(ValidationSteps):
         rng = gather(self.runtime, checkpoint.rng_state())
         if self.runtime.main:
             self.replacing_weights()
-            self.state.elapsed = time.monotonic() - self.started
+            self.state.elapsed = self.elapsed()
             counters = dataclasses.asdict(self.state)
             checkpoint.save_training_state(
                 self.last_file(), self.model, self.optimizer, counters, rng, self.ema.saved()
@@ -418,29 +409,25 @@ class Trainer(ValidationSteps):
         """What a run stopped now would resume from, in words."""
         return f"last saved: step {self.state.step}, in {self.last_file()}"
 
+    def elapsed(self) -> float:
+        """Seconds trained, earlier segments of a resumed run included (this rank's clock)."""
+        return time.monotonic() - self.started
+
     def check_stop(self, read_clock: bool = True) -> str | None:
-        """Why the run should stop now (the same answer on every rank), or None; also
-        updates ``budget_used``, which the learning-rate cool-down reads. Patience and the
-        step budget are the same on every rank; the clock is rank 0's, and a signal any
-        rank's, read only when ``read_clock`` (one exchange for several processes)."""
-        s, t = self.state, self.config.train
-        reason = spent_budget(s, t)
-        if not t.max_time:
-            self.budget_used = s.step / t.max_steps if t.max_steps else 0.0
-        if not read_clock:
-            return reason
-        elapsed, clock = time.monotonic() - self.started, None
-        if t.max_time and elapsed >= t.max_time * 60:
-            clock = f"max_time {t.max_time:g} min"
-        used = elapsed / (t.max_time * 60) if t.max_time else self.budget_used
-        # every rank stops, and cools down, by rank 0's clock; a signal to any rank (a
-        # scheduler or the OOM killer may signal one) stops them all, before patience and steps
-        seen = gather(self.runtime, (clock, used, self.signals.received))
-        clock, self.budget_used = seen[0][:2]
-        signals = [received for _, _, received in seen if received]
-        if signals:
-            return f"signal {signals[0]}"
-        return reason if reason or not clock else clock
+        """Why the run should stop now (the same answer on every rank), or None: a signal, or
+        a budget spent (``budget.spent``). The counters are the same on every rank; the clock
+        is rank 0's, and a signal any rank's, read only when ``read_clock`` (one exchange for
+        several processes), which also moves the share of the budget the cool-down reads."""
+        if read_clock:
+            # every rank stops, and cools down, by rank 0's clock; a signal to any rank (a
+            # scheduler or the OOM killer may signal one) stops them all, before any budget
+            seen = gather(self.runtime, (self.elapsed(), self.signals.received))
+            self.agreed_elapsed = seen[0][0]
+            signals = [received for _, received in seen if received]
+            if signals:
+                return f"signal {signals[0]}"
+        elapsed = self.agreed_elapsed if read_clock else None
+        return budget.spent(self.state, self.config.train, elapsed)
 
     def say(self, message: str) -> None:
         if self.runtime.main:
