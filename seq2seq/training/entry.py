@@ -51,22 +51,15 @@ def train_run(
     if resume is None:
         resume = not overwrite and (out / checkpoint.LAST_FILE).is_file()
     given = given_values(config, list(overrides), flags)
-    cfg = config_from_dict(given)  # checks every value given, on resume too
-    # the run's recipe, once a training state says the directory holds a run
-    if resume and all(
-        (out / name).is_file() for name in (checkpoint.LAST_FILE, checkpoint.CONFIG_FILE)
-    ):
-        cfg, ignored = resume_config(out, given)
-        if ignored:
-            say(f"note: {words.resume} keeps the run's recipe; ignored: {', '.join(ignored)}")
     return train(
-        cfg,
+        config_from_dict(given),  # checks every value given, on resume too
         out,
         resume=resume,
         overwrite=overwrite,
         tensorboard=tensorboard,
         progress=progress,
         words=words,
+        given=given,
     )
 
 
@@ -79,15 +72,23 @@ def train(
     tensorboard: bool = False,
     progress: bool = True,
     words: rundir.Words = rundir.ARGUMENTS,
+    given: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``config`` into ``run_dir``; returns the final counters (best BLEU, step, reason).
 
     With ``resume``, the recipe comes from the run's saved config and only the budgets
-    (``budget.RESUME_BUDGETS``) from ``config``. A finished run that they leave nothing
-    to train is not written at all; one that trains further loses ``seq2seq evaluate``'s
-    scores when it first replaces the weights they scored (``Trainer.replacing_weights``).
+    (``budget.RESUME_BUDGETS``) from ``given``, the values set (``train_run``'s, whose
+    recipe values a note names as ignored), or, without it, from ``config``. A finished run
+    that they leave nothing to train is not written at all; one that trains further loses
+    ``seq2seq evaluate``'s scores when it first replaces the weights they scored
+    (``Trainer.replacing_weights``).
     """
     run_dir = Path(run_dir)
+    if resume and (run_dir / checkpoint.LAST_FILE).is_file():  # merged once, before the
+        # runtime, whose device and threads are budgets: the saved ones unless given
+        config, ignored = resume_config(run_dir, budgets_of(config) if given is None else given)
+        if ignored:
+            say(f"note: {words.resume} keeps the run's recipe; ignored: {', '.join(ignored)}")
     runtime = setup_runtime(
         config.train.device, config.train.threads, config.train.attention_kernels
     )
@@ -99,7 +100,6 @@ def train(
         if afresh:
             say(f"note: {run_dir} stopped before its first checkpoint; starting it afresh", run_dir)
         if resume:
-            config, _ = resume_config(run_dir, budgets_of(config))  # the recipe may not change
             finished = nothing_to_train(run_dir, config.train)
             if finished:  # said before anything is written: the run stays as it was
                 if runtime.main:
