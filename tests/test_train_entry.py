@@ -19,6 +19,7 @@ from seq2seq.commands.cli import main
 from seq2seq.data import prepare
 from seq2seq.run import checkpoint, rundir
 from seq2seq.training.trainer import Trainer
+from seq2seq.training.validation import Validation
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS, STOP = 8, 3
@@ -101,7 +102,7 @@ def command(out, *extra: str) -> int:
 def test_a_second_stop_during_validation_stops_at_once_and_the_saved_state_resumes(
     tmp_path, monkeypatch, capsys
 ):
-    validate = Trainer.validate
+    validate = Validation.validate
 
     def pressed_twice(self, *args, **kwargs):  # Ctrl-C, then again before validation ends
         if self.state.step == STEPS:
@@ -111,7 +112,7 @@ def test_a_second_stop_during_validation_stops_at_once_and_the_saved_state_resum
 
     half = ["--set", f"train.validate_every={STEPS // 2}"]
     with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "validate", pressed_twice)
+        patch.setattr(Validation, "validate", pressed_twice)
         assert command(tmp_path / "run", *half) == 130
     err = capsys.readouterr().err
     last = tmp_path / "run" / checkpoint.LAST_FILE

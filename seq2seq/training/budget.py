@@ -6,6 +6,7 @@ data, seed, optimizer, schedule, loss) stays, and of what is given now the budge
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,20 @@ def used(s: TrainState, t: TrainConfig, elapsed: float) -> float:
     if t.max_time:
         return elapsed / (t.max_time * 60)
     return s.step / t.max_steps if t.max_steps else 0.0
+
+
+class Clock:
+    """Seconds trained, earlier segments of a resumed run included, on a monotonic clock: a
+    suspended laptop or a clock step does not count as training. ``agreed``: rank 0's reading
+    as the ranks last exchanged it, which the time budget and the cool-down read."""
+
+    def __init__(self, trained: float) -> None:
+        self.started = time.monotonic() - trained
+        self.agreed = trained
+
+    def elapsed(self) -> float:
+        """This rank's reading."""
+        return time.monotonic() - self.started
 
 
 # ---------------------------------------------------------------------------------------

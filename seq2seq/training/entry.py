@@ -81,7 +81,7 @@ def train(
     recipe values a note names as ignored), or, without it, from ``config``. A finished run
     that they leave nothing to train is not written at all; one that trains further loses
     ``seq2seq evaluate``'s scores when it first replaces the weights they scored
-    (``Trainer.replacing_weights``).
+    (``Validation.replacing_weights``).
     """
     run_dir = Path(run_dir)
     if resume and (run_dir / checkpoint.LAST_FILE).is_file():  # merged once, before the

@@ -3,7 +3,7 @@
 Nothing here knows how the model works inside: it takes logits from ``model(src, tgt_in)``,
 computes the loss apart, and owns the schedule, clipping, validation, checkpoints and logs.
 ``entry.train`` makes the run directory ready and builds the ``Trainer``; its counters are
-state.py's, its budgets budget.py's, and its validation side is validation.py's ``ValidationSteps``.
+state.py's, its budgets budget.py's, and its validations validation.py's ``Validation``.
 The same code runs as one process or, under ``torchrun``, as several with
 DistributedDataParallel: every rank builds the same batch order, each takes its share of
 every batch, gradients are averaged, and only rank 0 writes files or prints.
@@ -53,12 +53,12 @@ from seq2seq.training.ema import WeightEMA
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
 from seq2seq.training.state import TrainState, describe_dropout, describe_end, describe_subwords
-from seq2seq.training.validation import ValidationSteps
+from seq2seq.training.validation import Validation
 
 
-class Trainer(ValidationSteps):
+class Trainer:
     """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains.
-    Validating, averaging and ending a run are its ``ValidationSteps`` (validation.py)."""
+    Validating, averaging and ending a run are its ``validation``'s (validation.py)."""
 
     def __init__(
         self,
@@ -71,8 +71,6 @@ class Trainer(ValidationSteps):
     ) -> None:
         self.config, self.run_dir, self.runtime, self.progress = config, run_dir, runtime, progress
         self.resumed = resume
-        # seq2seq evaluate's scores, kept until the weights they scored are first replaced
-        self.scores_stale = resume and runtime.main
         torch.manual_seed(config.train.seed)
         self.data = self._prepare_data()
         self.dtype = autocast_dtype(config.train.precision, runtime.device)
@@ -85,13 +83,16 @@ class Trainer(ValidationSteps):
         self.ddp, self.forward, self.compile_errors = self._forward()
         self.use_pairs(self.data.train)
         self.subwords = self._subword_sampler()
-        self.log = self._open_logs(tensorboard)
+        # metrics.jsonl (and TensorBoard's files); resuming, cut back to the state
+        self.log = MetricsLog(
+            run_dir, runtime.main, tensorboard, self.state.step if resume else None
+        )
         self.signals = StopSignals(self.say)  # a second signal says what was last saved
         if resume:
             self.signals.saved = self.saved_state()
-        # A monotonic clock: a suspended laptop or a clock step does not count as training.
-        self.started = time.monotonic() - self.state.elapsed
-        self.agreed_elapsed = self.state.elapsed  # rank 0's seconds trained, at check_stop
+        self.clock = budget.Clock(self.state.elapsed)
+        self.validation = self._validation()
+        self.dropout = config.model.dropout  # as the schedule last set it (set_dropout)
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
         self._introduce()
 
@@ -150,10 +151,22 @@ class Trainer(ValidationSteps):
             self.run_dir / SAMPLED_DIR,
         )
 
-    def _open_logs(self, tensorboard: bool) -> MetricsLog:
-        """``metrics.jsonl`` (and TensorBoard's files); resuming, cut back to the state."""
-        resume_step = self.state.step if self.resumed else None
-        return MetricsLog(self.run_dir, self.runtime.main, tensorboard, resume_step)
+    def _validation(self) -> Validation:
+        """The run's validations: they score this model, move these counters, keep weights."""
+        return Validation(
+            self.config,
+            self.run_dir,
+            self.runtime,
+            self.data,
+            self.model,
+            self.dtype,
+            self.state,
+            self.ema,
+            self.log,
+            self.say,
+            self.clock.elapsed,
+            scores_stale=self.resumed and self.runtime.main,
+        )
 
     def _introduce(self) -> None:
         """The run's first lines: what trains on what, its budgets and its schedules."""
@@ -194,7 +207,10 @@ class Trainer(ValidationSteps):
     # -- the loop ------------------------------------------------------------------------
 
     def run(self) -> TrainState:
-        """Train until a budget, patience or a signal stops it (TF32 as asked, here alone)."""
+        """Train epoch after epoch until a budget is spent or a signal stops the run, saving
+        the state after each (and once before the first step); then, unless a signal stopped
+        it, ``validation.finish`` (the end state scored, averages tried, attention drawn). TF32
+        as asked, here alone. Returns the counters, rank 0's."""
         s, t = self.state, self.config.train
         self.model.train()
         s.stop_reason = self.check_stop()  # a resumed run may already be over
@@ -218,14 +234,17 @@ class Trainer(ValidationSteps):
                 self.train_epoch()
                 self.save()
             if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
-                self.finish()
+                self.validation.finish()
             self.save()
         self.log.close()
-        minutes = self.elapsed() / 60
+        minutes = self.clock.elapsed() / 60
         self.say(f"stopped: {s.stop_reason}; {describe_end(s, minutes)}; run in {self.run_dir}")
         return agree(self.runtime, s)  # the elapsed time is rank 0's
 
     def train_epoch(self) -> None:
+        """The rest of this epoch, step by step (each ``train_step`` on a group of batches,
+        then ``after_step``), until it ends or the run must stop (``check_stop``); at its end,
+        the epoch counted and, when validation is by epoch, ``validation.validate``."""
         s, t = self.state, self.config.train
         if self.subwords is not None:
             pairs = self.epoch_pairs()
@@ -247,7 +266,8 @@ class Trainer(ValidationSteps):
         groups = [batches[i : i + per_step] for i in range(s.batch, len(batches), per_step)]
         with Prefetcher(self.my_batches, groups, t.prefetch) as ready:
             for group, mine in zip(groups, ready, strict=False):
-                self.model.set_dropout(dropout_at(self.config, s.epoch + s.batch / len(batches)))
+                self.dropout = dropout_at(self.config, s.epoch + s.batch / len(batches))
+                self.model.set_dropout(self.dropout)
                 try:
                     loss, n_tokens = self.train_step(group, mine)
                 except self.compile_errors as e:  # () unless compiled: then catches nothing
@@ -274,7 +294,7 @@ class Trainer(ValidationSteps):
             s.epoch, s.batch = s.epoch + 1, 0
             validating = not t.validate_every and not (s.stop_reason or "").startswith("signal")
             if validating:
-                self.validate()
+                self.validation.validate()
             s.stop_reason = s.stop_reason or self.check_stop(read_clock=validating)
 
     def epoch_pairs(self) -> PairStore | None:
@@ -334,7 +354,7 @@ class Trainer(ValidationSteps):
         if not (math.isfinite(mean_loss) and math.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
             return math.nan, n_total
-        used = budget.used(self.state, t, self.agreed_elapsed)  # the same on every rank
+        used = budget.used(self.state, t, self.clock.agreed)  # the same on every rank
         self.optimizer.set_lr(self.schedule(self.state.step + 1) * cooldown(used, t.cooldown))
         self.optimizer.step()
         self.ema.update(self.state.step + 1)
@@ -357,22 +377,21 @@ class Trainer(ValidationSteps):
             rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
             lr = self.optimizer.param_groups[0]["lr"]
             postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
-            left = budget.time_left(t, self.elapsed())
+            left = budget.time_left(t, self.clock.elapsed())
             if left is not None:
                 postfix["left"] = f"{int(left // 60)}:{int(left % 60):02d}"
             bar.set_postfix(postfix)
-            dropout = self.model.src_embed.dropout.p
             values = {
                 "loss": loss,
                 "lr": lr,
-                "dropout": dropout,
+                "dropout": self.dropout,
                 "tokens_per_s": rate,
                 "epoch": s.epoch,
             }
             self.log.log("train", s.step, values | peak_memory(self.runtime.device))
             self.tick, self.tick_tokens = time.monotonic(), 0
         if t.validate_every and s.step % t.validate_every == 0:
-            self.validate()
+            self.validation.validate()
             self.save()
             self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s measures training alone
 
@@ -394,8 +413,8 @@ class Trainer(ValidationSteps):
         masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
         rng = gather(self.runtime, checkpoint.rng_state())
         if self.runtime.main:
-            self.replacing_weights()
-            self.state.elapsed = self.elapsed()
+            self.validation.replacing_weights()
+            self.state.elapsed = self.clock.elapsed()
             counters = dataclasses.asdict(self.state)
             checkpoint.save_training_state(
                 self.last_file(), self.model, self.optimizer, counters, rng, self.ema.saved()
@@ -409,10 +428,6 @@ class Trainer(ValidationSteps):
         """What a run stopped now would resume from, in words."""
         return f"last saved: step {self.state.step}, in {self.last_file()}"
 
-    def elapsed(self) -> float:
-        """Seconds trained, earlier segments of a resumed run included (this rank's clock)."""
-        return time.monotonic() - self.started
-
     def check_stop(self, read_clock: bool = True) -> str | None:
         """Why the run should stop now (the same answer on every rank), or None: a signal, or
         a budget spent (``budget.spent``). The counters are the same on every rank; the clock
@@ -421,12 +436,12 @@ class Trainer(ValidationSteps):
         if read_clock:
             # every rank stops, and cools down, by rank 0's clock; a signal to any rank (a
             # scheduler or the OOM killer may signal one) stops them all, before any budget
-            seen = gather(self.runtime, (self.elapsed(), self.signals.received))
-            self.agreed_elapsed = seen[0][0]
+            seen = gather(self.runtime, (self.clock.elapsed(), self.signals.received))
+            self.clock.agreed = seen[0][0]
             signals = [received for _, received in seen if received]
             if signals:
                 return f"signal {signals[0]}"
-        elapsed = self.agreed_elapsed if read_clock else None
+        elapsed = self.clock.agreed if read_clock else None
         return budget.spent(self.state, self.config.train, elapsed)
 
     def say(self, message: str) -> None:

@@ -1,6 +1,6 @@
 """Validation during training: loss, greedy BLEU, and the cross-attention of a few sentences;
-then the trainer's validation side (``ValidationSteps``): what a validation and the end of a run
-record, and the weights they keep.
+then ``Validation``, which the trainer holds: what a validation and the end of a run record,
+and the weights they keep.
 """
 
 from __future__ import annotations
@@ -108,12 +108,14 @@ def save_attention_maps(
 
 
 # ---------------------------------------------------------------------------------------
-# The trainer's validation side.
+# A run's validations.
 
 
-class ValidationSteps:
-    """What ``Trainer`` does when it validates, averages and ends a run: it inherits these
-    steps, which read the trainer's attributes named here and write the run's weights."""
+@dataclasses.dataclass(eq=False)
+class Validation:
+    """A run's validations and its end: scores ``model`` on the validation split, counts
+    patience in ``state``, and writes the weights kept (best, last k, average, moving average)
+    into ``run_dir``. Every rank scores; rank 0 writes."""
 
     config: Config
     run_dir: Path
@@ -121,12 +123,12 @@ class ValidationSteps:
     data: Prepared
     model: Seq2Seq
     dtype: torch.dtype | None
-    state: TrainState
+    state: TrainState  # the trainer's counters, which a validation moves
     ema: WeightEMA  # the weights' moving average (train.ema)
     log: MetricsLog
-    started: float  # the monotonic clock's reading when training began, less earlier segments
-    scores_stale: bool  # seq2seq evaluate's scores are of weights not yet replaced
     say: Callable[[str], None]
+    elapsed: Callable[[], float]  # seconds trained, earlier segments of a resumed run included
+    scores_stale: bool  # seq2seq evaluate's scores are of weights not yet replaced
 
     def finish(self) -> None:
         """The end of a run that a budget stopped (on every rank): the state it ended on
@@ -174,7 +176,7 @@ class ValidationSteps:
         checkpoint.keep_weights(self.model, self.run_dir, s.step, t.keep_last, bleu)
         if t.attention_sentences:  # the weights now, the PNGs once at the end (see finish)
             self.save_attention(draw=False)
-        minutes = (time.monotonic() - self.started) / 60
+        minutes = self.elapsed() / 60
         ppl = math.exp(min(loss, 50))
         values = {"loss": loss, "ppl": ppl, "bleu": bleu, "best_bleu": s.best_bleu}
         # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
