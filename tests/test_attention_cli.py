@@ -17,6 +17,12 @@ from seq2seq.decoding.search import beam_search, greedy_search, max_output_lengt
 from seq2seq.decoding.translate import Translator
 from seq2seq.drawing.plotting import CAPTION, figure_size
 from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.explorer.report import (
+    MAX_PAGE_SENTENCES,
+    attention_report,
+    format_summary,
+    selected_maps,
+)
 from seq2seq.inspect.influence import (
     influence_note,
     occlude,
@@ -24,12 +30,6 @@ from seq2seq.inspect.influence import (
     tied_columns,
 )
 from seq2seq.inspect.records import TEACHER_FORCED
-from seq2seq.inspect.report import (
-    MAX_PAGE_SENTENCES,
-    attention_report,
-    format_summary,
-    selected_maps,
-)
 from seq2seq.training.entry import train
 from seq2seq.vocab import EOS_ID
 

@@ -1,5 +1,5 @@
 """The record of a sentence: what decoding did, step by step, and its cross-attention; what
-``seq2seq attention`` writes (``seq2seq.inspect.report``), the explorer shows and ``seq2seq
+``seq2seq attention`` writes (``seq2seq.explorer.report``), the explorer shows and ``seq2seq
 serve`` answers with.
 
 For each sentence, a *record* (a plain dict) holds the cross-attention of the output that
