@@ -78,7 +78,7 @@ def screenshots(run: Path, out: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     from seq2seq.decoding.translate import Translator
-    from seq2seq.inspect.serve import make_server
+    from seq2seq.explorer.serve import make_server
 
     made = []
     with tempfile.TemporaryDirectory() as tmp, sync_playwright() as p:

@@ -40,10 +40,10 @@ from experiments.common import model_used  # noqa: E402
 from seq2seq.decoding.load import load_run  # noqa: E402
 from seq2seq.decoding.search import greedy_search  # noqa: E402
 from seq2seq.decoding.translate import Translator  # noqa: E402
-from seq2seq.inspect.explorer import render_page  # noqa: E402
+from seq2seq.explorer.page import render_page  # noqa: E402
+from seq2seq.explorer.report import page_interventions  # noqa: E402
 from seq2seq.inspect.influence import occlude  # noqa: E402
 from seq2seq.inspect.records import sentence_records  # noqa: E402
-from seq2seq.inspect.report import page_interventions  # noqa: E402
 from seq2seq.run.runlog import machine  # noqa: E402
 from seq2seq.vocab import EOS_ID  # noqa: E402
 

@@ -11,7 +11,8 @@ layers below it; ``pyproject.toml``'s import-linter contract checks it):
     decoding/   search, translate, evaluate, export
     drawing/    attention heatmaps, words from subwords
     training/   the trainer, validation, optimiser, curves
-    inspect/    the attention report, influence, interventions, explorer, server
+    inspect/    a sentence's record, influence, interventions
+    explorer/   the attention report, the explorer page, the server, the notebook
     commands/   the command line
 
 The names below are imported when first used, so ``import seq2seq`` stays light (torch,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from seq2seq.drawing.plotting import plot_attention
     from seq2seq.drawing.words import WORDS_NOTE, merge_words, words_of
     from seq2seq.errors import Seq2SeqError
-    from seq2seq.inspect.notebook import Inspection, InterventionResult, LoadedRun, load
+    from seq2seq.explorer.notebook import Inspection, InterventionResult, LoadedRun, load
     from seq2seq.training.entry import train_run as train
     from seq2seq.vocab import EOS_ID
 
@@ -69,7 +70,7 @@ def __getattr__(name: str):
     elif name in ("WORDS_NOTE", "merge_words", "words_of"):
         from seq2seq.drawing import words as module
     elif name in ("Inspection", "InterventionResult", "LoadedRun", "load"):
-        from seq2seq.inspect import notebook as module
+        from seq2seq.explorer import notebook as module
     elif name == "train":
         from seq2seq.training.entry import train_run
 

@@ -150,3 +150,21 @@ def no_host_reads() -> Iterator[None]:
         for name in ("__getitem__", "__setitem__"):
             patch.setattr(torch.Tensor, name, _indexed(getattr(torch.Tensor, name), name))
         yield
+
+
+def eos_probs_as_searched(model: Seq2Seq, src: torch.Tensor, steps: list[int]) -> list[float]:
+    """P(EOS) at each of ``steps`` as a search reads it: one token at a time through the
+    decoder's cache, each step's distribution taken from its last position.
+
+    Shapes: src (1, S); steps: Tq ids -> Tq floats
+    """
+    from seq2seq.model.transformer import padding_mask
+    from seq2seq.vocab import BOS_ID, EOS_ID
+
+    with torch.inference_mode():
+        src_mask = padding_mask(src)
+        memory, cache, found = model.encode(src, src_mask), model.new_cache(), []
+        for token in [BOS_ID, *steps[:-1]]:
+            logits, _ = model.decode(torch.tensor([[token]]), memory, src_mask, cache=cache)
+            found.append(logits[0, -1].float().softmax(-1)[EOS_ID].item())
+        return found

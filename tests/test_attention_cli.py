@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import eos_probs_as_searched
 from test_plotting import expected_pixels, png_size
 
 from seq2seq.commands.cli import main
@@ -17,6 +18,12 @@ from seq2seq.decoding.search import beam_search, greedy_search, max_output_lengt
 from seq2seq.decoding.translate import Translator
 from seq2seq.drawing.plotting import CAPTION, figure_size
 from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.explorer.report import (
+    MAX_PAGE_SENTENCES,
+    attention_report,
+    format_summary,
+    selected_maps,
+)
 from seq2seq.inspect.influence import (
     influence_note,
     occlude,
@@ -24,12 +31,6 @@ from seq2seq.inspect.influence import (
     tied_columns,
 )
 from seq2seq.inspect.records import TEACHER_FORCED
-from seq2seq.inspect.report import (
-    MAX_PAGE_SENTENCES,
-    attention_report,
-    format_summary,
-    selected_maps,
-)
 from seq2seq.training.entry import train
 from seq2seq.vocab import EOS_ID
 
@@ -241,9 +242,12 @@ def test_steps_are_the_distributions_greedy_search_saw(run_dir, tmp_path):
     assert [s["step"] for s in steps] == list(range(1, record["stop_step"] + 1))
     assert [s["token"] for s in steps] == record["tgt_tokens"]
     model, src = source(run_dir)
-    searched = greedy_search(model, src, need_eos_trace=True)[0]
+    searched = greedy_search(model, src)[0]
+    ids = searched.tokens + [EOS_ID] if searched.stop_reason == "eos" else searched.tokens
     # The teacher-forced pass over the output gives the P(EOS) the search saw at each step.
-    assert [s["p_eos"] for s in steps] == pytest.approx(searched.step_eos_prob, abs=1e-5)
+    assert [s["p_eos"] for s in steps] == pytest.approx(
+        eos_probs_as_searched(model, src, ids), abs=1e-5
+    )
     for s in steps:
         probs = [t["prob"] for t in s["top"]]
         assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6

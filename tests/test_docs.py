@@ -301,7 +301,7 @@ class PageRun:
         if "--port" in argv:
             argv = [*argv[: argv.index("--port")], *argv[argv.index("--port") + 2 :]]
         from seq2seq.decoding.translate import Translator
-        from seq2seq.inspect.serve import ExplorerServer
+        from seq2seq.explorer.serve import ExplorerServer
 
         original = ExplorerServer.serve_forever
         answers = []

@@ -14,10 +14,10 @@ from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, op
 from seq2seq.commands.cli import main
 from seq2seq.drawing.plotting import CAPTION
 from seq2seq.drawing.words import WORDS_NOTE
+from seq2seq.explorer.page import render_page
+from seq2seq.explorer.report import _tied_tokens, page_interventions
 from seq2seq.inspect import records as records_module
-from seq2seq.inspect.explorer import render_page
 from seq2seq.inspect.influence import TIE_NATS, influence_note, tie_nats
-from seq2seq.inspect.report import _tied_tokens, page_interventions
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
@@ -267,7 +267,7 @@ def test_page_is_self_contained_and_tokens_stay_text(browser, tmp_path):
 
 
 def test_template_ships_as_package_data():
-    folder = resources.files("seq2seq.inspect").joinpath("templates")
+    folder = resources.files("seq2seq.explorer").joinpath("templates")
     assert all(folder.joinpath(f"explorer.{ext}").is_file() for ext in ("html", "css", "js"))
 
 

@@ -52,8 +52,14 @@ def test_the_layers_contract_holds_on_the_package():
         # the model reaching up into the server
         (
             "model/layers.py",
-            "\nfrom seq2seq.inspect import serve  # noqa\n",
-            "seq2seq.model.layers -> seq2seq.inspect.serve",
+            "\nfrom seq2seq.explorer import serve  # noqa\n",
+            "seq2seq.model.layers -> seq2seq.explorer.serve",
+        ),
+        # an instrument reaching up into the faces that show it
+        (
+            "inspect/records.py",
+            "\ndef _late():\n    from seq2seq.explorer import page  # noqa\n",
+            "seq2seq.inspect.records -> seq2seq.explorer.page",
         ),
         # a lazy import is an import like any other
         (
@@ -79,9 +85,9 @@ def test_the_layers_contract_holds_on_the_package():
             "seq2seq.run.checkpoint -> seq2seq.model.transformer",
         ),
         (
-            "inspect/explorer.py",
+            "inspect/influence.py",
             "\ndef _late():\n    from seq2seq.training import curves  # noqa\n",
-            "seq2seq.inspect.explorer -> seq2seq.training.curves",
+            "seq2seq.inspect.influence -> seq2seq.training.curves",
         ),
     ],
 )

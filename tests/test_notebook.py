@@ -117,7 +117,7 @@ def test_the_inline_explorer_is_the_written_page_in_a_frame(dog):
     out = dog._repr_html_()
     (srcdoc,) = re.findall(r'<iframe srcdoc="([^"]*)"', out)
     inner = html.unescape(srcdoc)
-    assert inner.replace(seq2seq.inspect.notebook._FIT_FRAME, "") == dog.page()
+    assert inner.replace(seq2seq.explorer.notebook._FIT_FRAME, "") == dog.page()
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", inner)  # nothing to fetch
 
 

@@ -83,6 +83,7 @@ import json, sys
 import seq2seq
 from seq2seq.config import DataConfig
 from seq2seq.data.corpora import load_corpus
+from seq2seq.explorer.page import render_page
 
 d = DataConfig()
 corpus = load_corpus(d.data, d.src, d.tgt)
@@ -92,6 +93,7 @@ print(json.dumps({
     "pairs": {split: len(pairs) for split, pairs in corpus.splits.items()},
     "sample": len(load_corpus("sample", "de", "en").splits["train"]),
     "path": sys.path,
+    "page": render_page([], title="t")[:15],
 }))
 """
 
@@ -128,6 +130,7 @@ def test_a_built_wheel_installed_without_the_checkout_finds_the_corpus_trains_an
     assert str(site / "seq2seq" / "data" / "shipped" / "multi30k") in found["default"]
     assert found["pairs"] == {"train": 29000, "validation": 1014, "test": 1000}
     assert found["sample"] == 40
+    assert found["page"] == "<!DOCTYPE html>"  # the explorer's templates shipped with it
 
     # The installed command trains a few steps on the shipped sample corpus, then translates.
     tiny = [*TINY_RUN, "train.threads=1", "train.valid_bleu_sentences=2"]

@@ -120,7 +120,7 @@ def test_entry_points_share_one_device_default():
 
     from seq2seq.config import TrainConfig
     from seq2seq.decoding.translate import Translator
-    from seq2seq.inspect.notebook import load
+    from seq2seq.explorer.notebook import load
 
     assert TrainConfig().device == "auto"
     assert pyinspect.signature(load).parameters["device"].default == "auto"

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import V
+from helpers import V, eos_probs_as_searched
 from helpers import tiny_model as tiny
 
 from seq2seq.config import DecodeConfig
@@ -19,6 +19,7 @@ from seq2seq.decoding.search import (
     force_decode,
     greedy_search,
     max_output_length,
+    step_probs,
     translate_batch,
 )
 from seq2seq.errors import Seq2SeqError
@@ -330,16 +331,26 @@ def test_weights_leave_the_search_unchanged():
     )
 
 
-def test_greedy_eos_trace(trained):
+def test_step_probs_are_the_distributions_greedy_search_chose_from(trained):
     src = sources([7, 3], seed=12)
-    hyps = greedy_search(trained, src, need_eos_trace=True)
-    for h in hyps:
-        assert len(h.step_eos_prob) == len(h.tokens) + (h.stop_reason == "eos")
-        assert all(0.0 <= p <= 1.0 for p in h.step_eos_prob)
-        if h.stop_reason == "eos":
-            assert h.step_eos_prob[-1] > 0.5
-    banned = greedy_search(trained, src, DecodeConfig(ban_eos=True), need_eos_trace=True)
-    assert [len(h.step_eos_prob) for h in banned] == [len(h.tokens) for h in banned]
+    for ban_eos in (False, True):
+        hyps = greedy_search(trained, src, DecodeConfig(ban_eos=ban_eos))
+        for row, hyp in zip(src, hyps, strict=True):
+            one = row[row != PAD_ID][None]  # (1, S)
+            steps = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+            probs = step_probs(trained, one, steps)
+            assert probs.shape == (len(steps), V)
+            assert (probs[:, [PAD_ID, BOS_ID]] == 0).all()
+            # the teacher-forced pass gives, row by row, the P(EOS) the search read step by step
+            assert probs[:, EOS_ID].tolist() == pytest.approx(
+                eos_probs_as_searched(trained, one, steps), abs=1e-5
+            )
+            # and each row's most likely token (EOS set aside where banned) is the one chosen
+            if ban_eos:
+                probs = probs.clone()  # an inference tensor is read-only outside inference mode
+                probs[:, EOS_ID] = 0.0
+            assert probs.argmax(-1).tolist() == steps
+        assert ban_eos or any(h.stop_reason == "eos" for h in hyps)
 
 
 def test_translate_batch_dispatches_on_beam(trained):

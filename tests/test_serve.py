@@ -21,16 +21,16 @@ from helpers import child_env
 from seq2seq.commands.cli import main
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
-from seq2seq.inspect import live_explorer
-from seq2seq.inspect.live_explorer import MAX_BEAM, MAX_CHARS
-from seq2seq.inspect.records import sentence_interventions
-from seq2seq.inspect.serve import (
+from seq2seq.explorer import live
+from seq2seq.explorer.live import MAX_BEAM, MAX_CHARS
+from seq2seq.explorer.serve import (
     INTERNAL_ERROR,
     MAX_BODY_BYTES,
     ExplorerServer,
     make_server,
     serve,
 )
+from seq2seq.inspect.records import sentence_interventions
 from seq2seq.model.attention import MultiHeadAttention
 
 SENTENCE = "Ein Hund läuft über die Wiese."
@@ -442,7 +442,7 @@ def test_an_internal_error_is_a_generic_page_and_logged(translator, monkeypatch,
     def fail(*args, **kwargs):
         raise RuntimeError("secret <detail> at /home/user")
 
-    monkeypatch.setattr(live_explorer, "sentence_records", fail)
+    monkeypatch.setattr(live, "sentence_records", fail)
     with running(translator) as port:
         status, page = send(port)
     assert status == 500 and error_shown(page) == INTERNAL_ERROR.replace("'", "&#x27;")
@@ -461,8 +461,8 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
         decoded.append(records)
         return records
 
-    sentence_records = live_explorer.sentence_records
-    monkeypatch.setattr(live_explorer, "sentence_records", recording)
+    sentence_records = live.sentence_records
+    monkeypatch.setattr(live, "sentence_records", recording)
     form = "text=Ein+Hund%0AZwei+Hunde+laufen&ban_eos=on&max_len="
     with running(translator) as port:
         assert send(port, body=f"{form}20&beam=1".encode())[0] == 200
@@ -471,7 +471,7 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
         occluded = sum(r["weights"].size * len(r["src_tokens"]) for r in records)
 
         def refused(body: str, cap: int) -> bool:
-            monkeypatch.setattr(live_explorer, "MAX_WEIGHTS", cap)
+            monkeypatch.setattr(live, "MAX_WEIGHTS", cap)
             status, page = send(port, body=body.encode())
             assert status in (200, 400), status
             assert status == 200 or f"at most {cap:,} at a time" in error_shown(page)
@@ -487,7 +487,7 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
 
 
 def test_beam_and_max_len_have_limits_of_their_own(translator, monkeypatch):
-    monkeypatch.setattr(live_explorer, "MAX_LEN", 20)  # below this model's own limit, 63
+    monkeypatch.setattr(live, "MAX_LEN", 20)  # below this model's own limit, 63
     with running(translator) as port:
         assert send(port, body=b"text=Ein+Hund&ban_eos=on&max_len=20")[0] == 200
         status, page = send(port, body=b"text=Ein+Hund&max_len=21")
@@ -544,7 +544,7 @@ def test_an_intervention_beyond_the_caps_or_malformed_is_refused_and_it_keeps_se
         ]:
             status, answer = intervene(port, body)
             assert status == 400 and message in answer["error"], (body[:40], answer)
-        monkeypatch.setattr(live_explorer, "MAX_WEIGHTS", 100)  # two greedy decodings: more
+        monkeypatch.setattr(live, "MAX_WEIGHTS", 100)  # two greedy decodings: more
         status, answer = intervene(port, "text=Ein+Hund&spec=uniform:1")
         assert status == 400 and "at most 100 at a time" in answer["error"]
         monkeypatch.undo()
@@ -561,7 +561,7 @@ def test_the_panel_shows_a_refusal_and_the_next_request_is_answered(
         page = open_page(browser, f"http://127.0.0.1:{port}/")
         submit(page, SENTENCE)
         page.click(".tabs button[data-view=interventions]")
-        monkeypatch.setattr(live_explorer, "MAX_WEIGHTS", 100)
+        monkeypatch.setattr(live, "MAX_WEIGHTS", 100)
         page.click("#mask-words button >> nth=0")
         assert answered(page) == "error"
         assert "at most 100 at a time" in page.inner_text("#intervention-status")
@@ -623,7 +623,7 @@ def test_concurrent_maximal_requests_end_within_the_deadline_and_it_keeps_servin
     max_len; a 1 s deadline. Each gets the page or 503, a 503 soon after the deadline, and
     a normal request is answered after them."""
     cap, max_len = 1 << 18, 40
-    monkeypatch.setattr(live_explorer, "MAX_WEIGHTS", cap)
+    monkeypatch.setattr(live, "MAX_WEIGHTS", cap)
     server = make_server(translator, "127.0.0.1", 0, deadline=1.0)
     work = server.RequestHandlerClass.explorer.work
     bodies = []

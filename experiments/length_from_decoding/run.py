@@ -28,11 +28,12 @@ from pathlib import Path
 import sacrebleu
 import torch
 from matplotlib.figure import Figure
+from torch import Tensor
 
 from seq2seq.config import DecodeConfig, load_config
 from seq2seq.data.batching import batches_of, collate
 from seq2seq.decoding.load import load_run
-from seq2seq.decoding.search import Hypothesis, greedy_search, max_output_length
+from seq2seq.decoding.search import Hypothesis, greedy_search, max_output_length, step_probs
 from seq2seq.model.transformer import Seq2Seq
 from seq2seq.training.entry import train
 from seq2seq.vocab import EOS_ID
@@ -179,20 +180,28 @@ def limit_sweep(model: Seq2Seq, src_ids: list[list[int]], max_positions: int) ->
     return rows
 
 
+def greedy_p_eos(
+    model: Seq2Seq, src: Tensor, decode: DecodeConfig
+) -> tuple[Hypothesis, list[float]]:
+    """Greedy search's output for one sentence and P(EOS) at each of its steps, read back by
+    teacher-forcing that output (``step_probs``)."""
+    hyp = greedy_search(model, src, decode)[0]
+    steps = hyp.tokens + [EOS_ID] if hyp.stop_reason == "eos" else hyp.tokens
+    return hyp, step_probs(model, src, steps)[:, EOS_ID].tolist()
+
+
 def eos_trace(model: Seq2Seq, src: list[int], a: float, b: int) -> dict:
     batch = collate([src], None).src
-    normal = greedy_search(
-        model, batch, DecodeConfig(max_len_a=a, max_len_b=b), need_eos_trace=True
-    )[0]
-    banned = greedy_search(
-        model, batch, DecodeConfig(max_len_a=a, max_len_b=b, ban_eos=True), need_eos_trace=True
-    )[0]
+    normal, p_eos = greedy_p_eos(model, batch, DecodeConfig(max_len_a=a, max_len_b=b))
+    banned, banned_p_eos = greedy_p_eos(
+        model, batch, DecodeConfig(max_len_a=a, max_len_b=b, ban_eos=True)
+    )
     return {
         "tokens": normal.tokens,
         "stop_reason": normal.stop_reason,
-        "p_eos": normal.step_eos_prob,
+        "p_eos": p_eos,
         "banned_tokens": banned.tokens,
-        "banned_p_eos": banned.step_eos_prob,
+        "banned_p_eos": banned_p_eos,
         "max_len": max_output_length(len(src) + 1, a, b, model.config.max_positions),
     }
 

@@ -57,7 +57,7 @@ from helpers import train_sample_run  # noqa: E402
 
 from seq2seq.config import ModelConfig  # noqa: E402
 from seq2seq.decoding.translate import Translator  # noqa: E402
-from seq2seq.inspect.live_explorer import (  # noqa: E402
+from seq2seq.explorer.live import (  # noqa: E402
     DEADLINE,
     MAX_BEAM,
     MAX_LEN,

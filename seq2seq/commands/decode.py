@@ -166,7 +166,7 @@ def _add_ban_eos_option(p: argparse.ArgumentParser) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
-    from seq2seq.inspect.report import attention_report, format_summary, report_inputs
+    from seq2seq.explorer.report import attention_report, format_summary, report_inputs
 
     sentences, references = report_inputs(
         args.sentence, args.input, args.reference, args.reference_file
@@ -229,7 +229,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from seq2seq.inspect.serve import serve
+    from seq2seq.explorer.serve import serve
 
     serve(
         args.run_dir,

@@ -8,7 +8,8 @@ same output, slower. PAD and BOS are never output. Beam search's steps (expand, 
 prune, when a sentence is done) are small functions of their own in ``seq2seq.decoding.beam``.
 
 Every setting comes from one ``DecodeConfig`` (``seq2seq.config``), checked by its ``check``;
-only what a caller wants back (``need_weights``, ``need_eos_trace``) is a keyword argument.
+only what a caller wants back (``need_weights``) is a keyword argument. The distributions the
+search chose from are read back by teacher-forcing its output (``step_probs``).
 
 Length is decided by decoding. Each hypothesis stops at EOS or at its sentence's
 ``max_len = a * S + b`` output tokens (``max_output_length``), and says which in
@@ -49,7 +50,6 @@ class Hypothesis:
     # Cross-attention (L, H, Tq, S_i) of this hypothesis, on the CPU; Tq = len(tokens) + 1
     # when it stopped at EOS (the EOS step included), else len(tokens); S_i = unpadded source.
     attention: Tensor | None = None
-    step_eos_prob: list[float] | None = None  # greedy with need_eos_trace: P(EOS) per step
     # What the search ranked by: score / gnmt_length_penalty(len(tokens) + EOS) under beam
     # search; greedy search and force_decode apply no penalty, so there it equals score.
     normalized_score: float | None = None
@@ -71,15 +71,13 @@ def greedy_search(
     decode: DecodeConfig | None = None,
     *,
     need_weights: bool = False,
-    need_eos_trace: bool = False,
 ) -> list[Hypothesis]:
     """The most likely next token at every step, for a whole batch; one hypothesis each.
 
     Of ``decode`` (default ``DecodeConfig()``) it reads the length rule, ``use_cache`` and
-    ``ban_eos``; ``need_weights`` returns each hypothesis' cross-attention (slower kernel),
-    ``need_eos_trace`` the probability of EOS at each step. Finished rows keep running (fed
-    PAD) but their outputs no longer change; the loop ends when every row has stopped. One
-    host sync per step.
+    ``ban_eos``; ``need_weights`` returns each hypothesis' cross-attention (slower kernel).
+    Finished rows keep running (fed PAD) but their outputs no longer change; the loop ends
+    when every row has stopped. One host sync per step.
 
     Shapes:
         src: (B, S), right-padded with PAD_ID -> B hypotheses
@@ -98,15 +96,13 @@ def greedy_search(
         finished = torch.zeros(b, dtype=torch.bool, device=device)
         end_step = torch.zeros(b, dtype=torch.long, device=device)
         cache = model.new_cache() if use_cache else None
-        step_weights, eos_probs = [], []
+        step_weights = []
         for n in range(1, steps + 1):
             check_deadline()
             tgt = prefix[:, n - 1 : n] if use_cache else prefix[:, :n]
             logits, weights = model.decode(
                 tgt, memory, src_mask, cache=cache, need_weights=need_weights
             )
-            if need_eos_trace:
-                eos_probs.append(logits[:, -1].float().softmax(-1)[:, EOS_ID])
             if need_weights:
                 step_weights.append(_last_weights(weights))
             best, token = _next_logprobs(logits, decode.ban_eos).max(-1)  # (B,)
@@ -122,8 +118,7 @@ def greedy_search(
         rows = prefix[:, 1:].tolist()
         last = [row[n - 1] for row, n in zip(rows, ends, strict=True)]
         attention = torch.stack(step_weights, 1) if need_weights else None  # (B, T, L, H, S)
-        trace = torch.stack(eos_probs, 1).tolist() if need_eos_trace else None  # (B, T)
-        hyps = _hypotheses(
+        return _hypotheses(
             rows,
             steps=ends,
             last=last,
@@ -132,10 +127,6 @@ def greedy_search(
             attention=attention,
             src_mask=src_mask,
         )
-        if trace is not None:
-            for hyp, probs, n in zip(hyps, trace, ends, strict=True):
-                hyp.step_eos_prob = probs[:n]
-        return hyps
 
 
 def beam_search(
@@ -257,6 +248,27 @@ def force_decode(model: Seq2Seq, src: Tensor, tgt: list[list[int]]) -> list[Hypo
             attention=attention,
             src_mask=src_mask,
         )
+
+
+def step_probs(model: Seq2Seq, src: Tensor, tgt_ids: list[int]) -> Tensor:
+    """The next-token distribution at every step of one given output, teacher-forced: the
+    decoder is causal, so row n sees exactly the prefix a search saw when it chose
+    ``tgt_ids[n]``, and gives the distribution it chose from (up to rounding: one pass, not
+    step by step). PAD and BOS, never output, are 0; EOS banned, the search chose from these
+    with EOS removed, and ``[:, EOS_ID]`` shows what the ban overrode.
+
+    Shapes:
+        src: (1, S); tgt_ids: Tq ids (the final EOS included where it stopped there) -> (Tq, V)
+    """
+    _check(model)
+    with torch.inference_mode():
+        src_mask = padding_mask(src)
+        memory = model.encode(src, src_mask)
+        inputs = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=src.device)  # (1, Tq)
+        logits, _ = model.decode(inputs, memory, src_mask)
+        probs = logits[0].float().softmax(-1).cpu()  # (Tq, V)
+        probs[:, [PAD_ID, BOS_ID]] = 0.0  # never output: the search sets them to -inf too
+        return probs
 
 
 def _check(model: Seq2Seq, decode: DecodeConfig | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Cross-attention heatmaps (PNG, SVG) and a JSON dump; the HTML explorer is ``explorer.py``.
+"""Cross-attention heatmaps (PNG, SVG) and a JSON dump; the HTML explorer is ``explorer/page.py``.
 
 No model imports: every function takes numpy arrays and token lists, so the trainer, the
 ``seq2seq attention`` command and tests all call the same code.

@@ -1,5 +1,5 @@
-"""Looking inside a translation: a sentence's record of its decoding (records.py) and the
-attention report behind seq2seq attention (report.py), influence by occlusion, interventions,
-the explorer page (explorer.py, templates/), the explorer answering forms from a loaded run
-(live_explorer.py) and the browser server (serve.py).
+"""The instruments for looking inside a translation: a sentence's record of its decoding
+(records.py), influence by occlusion (influence.py) and interventions on cross-attention
+(interventions.py). What shows them (the report, the explorer page, the server, the notebook)
+is ``seq2seq.explorer``, the layer above.
 """

@@ -1,5 +1,5 @@
 """The record of a sentence: what decoding did, step by step, and its cross-attention; what
-``seq2seq attention`` writes (``seq2seq.inspect.report``), the explorer shows and ``seq2seq
+``seq2seq attention`` writes (``seq2seq.explorer.report``), the explorer shows and ``seq2seq
 serve`` answers with.
 
 For each sentence, a *record* (a plain dict) holds the cross-attention of the output that
@@ -37,14 +37,19 @@ import numpy as np
 import torch
 
 from seq2seq.config import DecodeConfig
-from seq2seq.decoding.search import Hypothesis, force_decode, max_output_length, translate_batch
+from seq2seq.decoding.search import (
+    Hypothesis,
+    force_decode,
+    max_output_length,
+    step_probs,
+    translate_batch,
+)
 from seq2seq.decoding.translate import Translator, one_line
 from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
-from seq2seq.model.masks import padding_mask
-from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.vocab import EOS_ID
 
 TEACHER_FORCED = "teacher-forced on the given reference"
 TOP_K = 5  # alternatives shown per decoding step
@@ -206,7 +211,7 @@ def _record(
             hyps = force_decode(model, src, [ref_ids])
         chosen = hyps[0]
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
-        probs = _step_probs(model, src, tgt_ids)  # (Tq, V)
+        probs = step_probs(model, src, tgt_ids)  # (Tq, V)
         occlusion = occlude(model, src, tgt_ids, columns) if influence else None
         tie = tie_nats(translator.dtype, translator.device)  # of the precision in force
         changes = intervention_records(translator, src, decode, specs, columns, src_units)
@@ -258,22 +263,6 @@ def _record(
         "tie_nats": None if occlusion is None else tie,
         "interventions": changes,
     }
-
-
-def _step_probs(model, src: torch.Tensor, tgt_ids: list[int]) -> torch.Tensor:
-    """The next-token distribution at every step of the given output, teacher-forced.
-
-    Shapes:
-        src: (1, S); tgt_ids: Tq ids -> (Tq, V)
-    """
-    with torch.inference_mode():
-        src_mask = padding_mask(src)
-        memory = model.encode(src, src_mask)
-        inputs = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=src.device)  # (1, Tq)
-        logits, _ = model.decode(inputs, memory, src_mask)
-        probs = logits[0].float().softmax(-1).cpu()  # (Tq, V)
-        probs[:, [PAD_ID, BOS_ID]] = 0.0  # never output: the search sets them to -inf too
-        return probs
 
 
 def _steps(tok, probs: torch.Tensor, tgt_ids: list[int]) -> list[dict]:

@@ -39,7 +39,7 @@ _RECORD_KEYS = (
 def template(name: str) -> str:
     """A file of the package's ``templates`` folder, as text."""
     return (
-        resources.files("seq2seq.inspect").joinpath("templates", name).read_text(encoding="utf-8")
+        resources.files("seq2seq.explorer").joinpath("templates", name).read_text(encoding="utf-8")
     )
 
 

@@ -1,7 +1,7 @@
 """``seq2seq serve``: the attention explorer as a local web page, for sentences typed in.
 
 The standard library's ``http.server``, bound to 127.0.0.1 unless told otherwise. The run
-is loaded once at start; each request's form goes to the explorer (``live_explorer.Explorer``),
+is loaded once at start; each request's form goes to the explorer (``live.Explorer``),
 which decodes its sentences with the same code as ``seq2seq attention`` and answers with the
 explorer page, the form above it. The page's interventions panel posts one sentence and one
 intervention to ``/intervene`` and gets JSON back.
@@ -15,7 +15,7 @@ what it spends: a request that asks to decode must come from its own page (Host 
 server, Origin and Sec-Fetch-Site, where a browser sends them, say the same site); a
 request must arrive whole within ``REQUEST_TIMEOUT`` seconds; at most ``MAX_CONNECTIONS``
 are handled at once (more get 503); what one request may ask for, and how long it may take,
-the explorer bounds (``live_explorer.MAX_WEIGHTS``, ``DEADLINE``). Binding an address other
+the explorer bounds (``live.MAX_WEIGHTS``, ``DEADLINE``). Binding an address other
 than loopback takes ``public=True``.
 """
 
@@ -39,8 +39,8 @@ from urllib.parse import parse_qs, urlsplit
 from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError, whole_number
-from seq2seq.inspect.explorer import render_page
-from seq2seq.inspect.live_explorer import DEADLINE, TITLE, Explorer
+from seq2seq.explorer.live import DEADLINE, TITLE, Explorer
+from seq2seq.explorer.page import render_page
 
 MAX_BODY_BYTES = 64 * 1024  # a request larger than this is refused unread
 REQUEST_TIMEOUT = 10.0  # seconds for a request's line, headers and body to arrive

@@ -1,5 +1,5 @@
 "use strict";
-// The attention explorer. Every number comes from the JSON block (explorer.py computes the
+// The attention explorer. Every number comes from the JSON block (page.py computes the
 // maps, their head means and per-row numbers); this script only draws. Steps, layers and
 // heads are numbered from 1 as on the command line. The state lives in one object, and
 // every change goes through setState, which redraws and writes the URL hash.

@@ -33,8 +33,10 @@ from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translation, Translator
 from seq2seq.drawing.plotting import attention_figure
 from seq2seq.errors import Seq2SeqError
+from seq2seq.explorer import report
+from seq2seq.explorer.page import render_page
 from seq2seq.fileio import atomic_write_text
-from seq2seq.inspect import explorer, records, report
+from seq2seq.inspect import records
 
 FRAME_HEIGHT = 900  # px, until the page inside sets its own
 # Inside the frame: follow the page's height. window.frameElement is null, or access throws,
@@ -224,7 +226,7 @@ class Inspection:
     def page(self) -> str:
         """The explorer as a page of its own (what ``seq2seq attention -o x.html`` writes)."""
         r = self._shown()
-        return explorer.render_page([r], title=report.page_title([r]))
+        return render_page([r], title=report.page_title([r]))
 
     def save(self, path: str | Path) -> Path:
         return atomic_write_text(Path(path), self.page())

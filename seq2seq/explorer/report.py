@@ -1,6 +1,6 @@
 """``seq2seq attention``: sentences translated (or references teacher-forced) into records
 (``seq2seq.inspect.records``), written as a PNG or SVG of the maps ``--layer`` and ``--head``
-choose, an HTML explorer page (``seq2seq.inspect.explorer``) or JSON lines; and the summary it
+choose, an HTML explorer page (``seq2seq.explorer.page``) or JSON lines; and the summary it
 prints: per sentence its translation and how decoding stopped, for one sentence the per-row
 numbers of the chosen maps (entropy, EOS and punctuation mass, the most attended and the most
 influential source token).
@@ -16,8 +16,8 @@ from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator, read_lines
 from seq2seq.drawing import map_stats, plotting
 from seq2seq.errors import Seq2SeqError
+from seq2seq.explorer.page import write_report
 from seq2seq.fileio import atomic_write_text
-from seq2seq.inspect import explorer
 from seq2seq.inspect.interventions import Spec, parse_spec
 from seq2seq.inspect.records import json_record, sentence_records
 
@@ -125,7 +125,7 @@ def _write(
             note=r["word_level"] or "",
         )
     elif fmt == "html":
-        explorer.write_report(records, path, title=title)
+        write_report(records, path, title=title)
     else:
         lines = [json.dumps(json_record(r), ensure_ascii=False) + "\n" for r in records]
         atomic_write_text(path, "".join(lines))

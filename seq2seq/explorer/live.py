@@ -1,5 +1,5 @@
 """The explorer as ``seq2seq serve`` runs it: a loaded run answering a form with the explorer
-page (``explorer.render_page``) or an intervention's JSON, within what one request may ask.
+page (``page.render_page``) or an intervention's JSON, within what one request may ask.
 
 Each request's sentences (one per line) are decoded with the same code as ``seq2seq
 attention`` (``records.sentence_records``); beam, max_len and "ban EOS" change the decoding,
@@ -23,7 +23,7 @@ from seq2seq.decoding.deadline import DeadlinePassed, deadline
 from seq2seq.decoding.search import max_output_length
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError, whole_number
-from seq2seq.inspect.explorer import render_page
+from seq2seq.explorer.page import render_page
 from seq2seq.inspect.records import sentence_interventions, sentence_records
 
 T = TypeVar("T")
