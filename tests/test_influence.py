@@ -181,15 +181,16 @@ def greedy_outputs(model, tokenizer):
 
 
 def test_bf16_influence_picks_the_fp32_columns_in_every_row_that_is_not_a_tie(tmp_path_factory):
-    """TIE_NATS is the spread bf16 puts on influence: under bf16 autocast, a row decided in
-    fp32 names the same most influential column, and no drop moves by the threshold."""
+    """Under bf16 autocast the map moves, and a row decided in fp32 (its top two drops TIE_NATS
+    apart or more) names the same most influential column. How far bf16 moves a drop depends on
+    the model and the CPU: the threshold comes from the tour model's records, not this model."""
     _, tokenizer, model = load_run(explorer_run_dir(tmp_path_factory))  # trained 300 steps
     rows = 0
     for sentence, src, tgt in greedy_outputs(model, tokenizer):
         fp32 = occlude(model, src, tgt).influence
         with torch.autocast("cpu", dtype=torch.bfloat16):
             bf16 = occlude(model, src, tgt).influence
-        assert bf16.dtype == torch.float32 and (bf16 - fp32).abs().max() < TIE_NATS
+        assert bf16.dtype == torch.float32 and (bf16 - fp32).abs().max() > 0  # autocast took
         decided = [len(t) == 1 for t in tied_columns(fp32)]
         rows += sum(decided)
         picks = bf16.argmax(-1) == fp32.argmax(-1)
@@ -216,14 +217,20 @@ def test_fp32_influence_picks_the_float64_columns_in_every_row_that_is_not_a_tie
     assert rows >= len(SENTENCES)
 
 
-def test_the_tie_thresholds_are_above_what_their_record_measured():
+def test_the_tie_thresholds_are_above_what_every_record_measured():
     """Each threshold is above the largest move of a row's top-two gap that
-    experiments/influence_precision.py recorded for its precision (fp32's twice it, rounded
-    up), and a map takes the one of the precision it was computed in."""
-    record = json.loads((REPO / "experiments/results/influence_precision_tour.json").read_text())
-    moved = {k: v["largest_top_two_gap_move_nats"] for k, v in record["pairs"].items()}
+    experiments/influence_precision.py recorded for its precision on any machine, by less than
+    twice it (fp32's by less than four times), and a map takes the one of its precision."""
+    paths = sorted((REPO / "experiments/results").glob("influence_precision_tour*.json"))
+    records = [json.loads(path.read_text()) for path in paths]
+    # a CPU that emulates bf16 and one that computes it
+    assert {not r["environment"]["cpu_bf16_flags"] for r in records} == {True, False}
+    moved = {
+        pair: max(r["pairs"][pair]["largest_top_two_gap_move_nats"] for r in records)
+        for pair in ("bf16 against fp32", "fp32 against float64")
+    }
     assert moved["bf16 against fp32"] < TIE_NATS < 2 * moved["bf16 against fp32"]
-    assert 2 * moved["fp32 against float64"] <= TIE_NATS_FP32 < 4 * moved["fp32 against float64"]
+    assert moved["fp32 against float64"] < TIE_NATS_FP32 < 4 * moved["fp32 against float64"]
     assert tie_nats(torch.bfloat16) == TIE_NATS and tie_nats(None) == TIE_NATS_FP32
 
 

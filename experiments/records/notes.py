@@ -108,26 +108,30 @@ def notebook_latency(r: dict[str, Any]) -> list[str]:
     ]
 
 
-def influence_precision(r: dict[str, Any]) -> list[str]:
-    """``experiments/influence_precision.py``: how far a map's precision moves its drops."""
-    lines = [
-        f"{_machine(r['environment'])}; the run `{r['run']}` ({r['model']['steps']} steps, "
-        f"trained in {r['model']['precision']}), the occlusion map of its greedy output for "
-        f"each of the {r['sentences']} sentences of `{r['file']}` ({r['rows']} rows). "
-        f"Command: {_command(r['command'])}.",
-        "",
-        "| map against reference | largest cell move, nats | median over sentences of each "
-        "one's largest | largest move of a row's top-two gap | rows whose top column differs |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for pair, m in r["pairs"].items():
-        lines.append(
-            f"| {pair} | {m['largest_cell_nats']:.3g} | "
-            f"{m['median_sentence_largest_cell_nats']:.3g} | "
-            f"{m['largest_top_two_gap_move_nats']:.3g} | "
-            f"{m['rows_whose_top_column_differs']} of {r['rows']} |"
-        )
-    return lines
+def influence_precision(*records: dict[str, Any]) -> list[str]:
+    """``experiments/influence_precision.py``: how far a map's precision moves its drops, one
+    machine a record."""
+    lines = []
+    for r in records:
+        lines += [
+            f"{_machine(r['environment'])}; the run `{r['run']}` ({r['model']['steps']} steps, "
+            f"trained in {r['model']['precision']}), the occlusion map of its greedy output for "
+            f"each of the {r['sentences']} sentences of `{r['file']}` ({r['rows']} rows). "
+            f"Command: {_command(r['command'])}.",
+            "",
+            "| map against reference | largest cell move, nats | median over sentences of each "
+            "one's largest | largest move of a row's top-two gap | rows whose top column differs |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for pair, m in r["pairs"].items():
+            lines.append(
+                f"| {pair} | {m['largest_cell_nats']:.3g} | "
+                f"{m['median_sentence_largest_cell_nats']:.3g} | "
+                f"{m['largest_top_two_gap_move_nats']:.3g} | "
+                f"{m['rows_whose_top_column_differs']} of {r['rows']} |"
+            )
+        lines.append("")
+    return lines[:-1]
 
 
 def _loads(values: list[float]) -> str:
@@ -149,7 +153,10 @@ NOTES: list[tuple[str, tuple[str, ...], Callable[..., list[str]]]] = [
     ("The first explorer in a notebook", ("experiments/notebook/latency.json",), notebook_latency),
     (
         "Influence maps: how far the precision moves a drop",
-        ("experiments/results/influence_precision_tour.json",),
+        (
+            "experiments/results/influence_precision_tour.json",
+            "experiments/results/influence_precision_tour_avx2.json",
+        ),
         influence_precision,
     ),
 ]
