@@ -71,6 +71,7 @@ def tf32_in_force(device: torch.device) -> bool:
 def matmul_precision(precision: str, device: torch.device) -> Iterator[None]:
     """On CUDA, TF32 matrix multiplies on or off as ``precision`` says, inside this block;
     the switch as it was after it, however the block ends. Elsewhere nothing changes."""
+    device = torch.device(device)  # a Translator may hold its device as text ("cpu")
     if device.type != "cuda":
         yield
         return
