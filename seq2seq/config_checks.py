@@ -165,6 +165,10 @@ def data_checks(d: Any, m: Any) -> list[Check]:
         ),
         (d.max_len >= 1, "data.max_len must be >= 1"),
         (
+            d.joint_vocab or not m.share_embeddings,
+            "data.joint_vocab false gives two vocabularies: set model.share_embeddings false too",
+        ),
+        (
             d.carve_valid >= 0 and d.carve_test >= 0,
             "data.carve_valid and data.carve_test must be >= 0",
         ),

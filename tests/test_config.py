@@ -166,6 +166,7 @@ def refused_by_set_and_file(override: str, match: str, tmp_path) -> None:
         (["data.max_tokens=10"], "max_tokens must be at least data.max_len"),
         (["data.max_len=600"], "must fit in model.max_positions"),
         (["data.spm_model_type=word"], "spm_model_type"),
+        (["data.joint_vocab=false"], "set model.share_embeddings false too"),
         (["decode.beam=2", "decode.nbest=3"], "nbest must be between 1 and decode.beam"),
     ],
 )

@@ -43,6 +43,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from helpers import child_env  # noqa: E402
 from test_train import read_metrics, tiny_config  # noqa: E402
 
 from seq2seq.decoding.translate import Translator  # noqa: E402
@@ -154,6 +155,7 @@ def test_this_machine_reproduces_its_pinned_fp32_run_bit_for_bit(reference):
         ["git", "merge-base", "--is-ancestor", last[-1], pinned["commit"]],
         cwd=DATA,
         capture_output=True,
+        env=child_env(),
     )
     assert after.returncode != 1, f"{path.name} was recorded before {last[-1][:7]}"
 
@@ -163,7 +165,7 @@ def pin(reference: str) -> Path:
     path = pin_path(reference)
     path.parent.mkdir(exist_ok=True)
     commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=DATA, capture_output=True, text=True
+        ["git", "rev-parse", "HEAD"], cwd=DATA, capture_output=True, text=True, env=child_env()
     ).stdout.strip()
     got = {"machine": machine_key(), "commit": commit, **recorded(reference)}
     path.write_text(json.dumps(got, indent=1) + "\n")

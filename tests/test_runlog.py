@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import torch
+from helpers import child_env
 
 import seq2seq
 from seq2seq.run.runlog import code_of, code_sha256, machine, write_environment
@@ -20,6 +21,7 @@ def git(checkout: Path, *args: str) -> str:
         capture_output=True,
         text=True,
         check=True,
+        env=child_env(),
     )
     return done.stdout.strip()
 

@@ -109,6 +109,15 @@ def test_loss_falls_well_below_the_start(tmp_path, optimizer):
     assert (tmp_path / "run" / checkpoint.BEST_FILE).is_file()
 
 
+def test_two_vocabularies_train_with_their_own_embeddings(tmp_path):
+    config = tiny_config(
+        train__max_steps=2, data__joint_vocab="false", model__share_embeddings="false"
+    )
+    assert train(config, tmp_path / "run", progress=False)["step"] == 2
+    model = checkpoint.load_config_file(tmp_path / "run").model
+    assert model.src_vocab_size != model.tgt_vocab_size, "the sample's sides share every piece"
+
+
 @pytest.mark.parametrize(
     "subwords",
     # subword sampling with a vocabulary that has merges to drop (the default 308 has none)
@@ -686,7 +695,7 @@ def test_the_learning_rate_cools_down_to_zero_over_the_end_of_the_time_budget(
         clock.now += 0.5
         return clock.now
 
-    for module in ("trainer", "validation"):  # the trainer's clock, and its validation side's
+    for module in ("budget", "trainer", "validation"):  # the budget's clock, and its readers'
         monkeypatch.setattr(f"seq2seq.training.{module}.time", SimpleNamespace(monotonic=fake_time))
     schedule = inverse_sqrt(10)
     shares = {}
