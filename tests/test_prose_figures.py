@@ -22,9 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from seq2seq.config import Config, DecodeConfig
 from seq2seq.inspect.influence import TIE_NATS
+from seq2seq.model.transformer import build_model, count_parameters
 from seq2seq.training.optim import MUON_TORCH
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,6 +246,38 @@ def tie_threshold() -> list[str]:
     return [f"{TIE_NATS} nats"]
 
 
+def paper_departures() -> list[str]:
+    """docs/transformer.md: the defaults it compares with the paper's, the default model's
+    parameter count, and the peak of the paper's learning-rate formula, d_model^-0.5 ·
+    warmup^-0.5, at the paper's base size and at ours."""
+    c = Config()
+    n_parameters = count_parameters(build_model(c.model))
+    paper_peak = 512**-0.5 * 4000**-0.5  # the base model's d_model and warmup steps
+    our_peak = c.model.d_model**-0.5 * c.train.warmup_steps**-0.5
+    t = c.train
+    return [
+        *(f"{beta}" for beta in t.betas),
+        f"{t.label_smoothing}",
+        f"{t.early_dropout}",
+        f"{c.model.dropout}",
+        f"{t.cooldown:.0%}",
+        f"{c.decode.length_penalty:.1f}",
+        f"{c.decode.max_len_a}",
+        f"{n_parameters / 1e6:.1f} million",
+        f"{paper_peak:.4f}",
+        f"{our_peak:.4f}",
+        MUON_TORCH,
+    ]
+
+
+def cooldown_arm() -> list[str]:
+    """The cool-down of the arm docs/transformer.md compares, from its record's config."""
+    config = yaml.safe_load(
+        (REPO / "experiments/results/ladder-deen-cool50-1200/config.yaml").read_text("utf-8")
+    )
+    return [f"{config['train']['cooldown']:.0%}"]
+
+
 SOURCES: dict[str, list[Source]] = {
     "README.md": [("experiments/suite/after.txt", suite_time), (None, cooldown)],
     "docs/decoding.md": [(None, decode_defaults)],
@@ -258,6 +292,7 @@ SOURCES: dict[str, list[Source]] = {
         (None, lambda: [f"{math.log2(14):.1f} bits"]),  # a row spread evenly over 14 keys
     ],
     "docs/training.md": [(None, cooldown), (None, dropout_schedule), (None, muon_and_ema)],
+    "docs/transformer.md": [(None, paper_departures), (None, cooldown_arm)],
     "docs/export.md": [(None, lambda: ["95%"])],  # tests/test_export.py's agreement threshold
     "experiments/attention_not_explanation/README.md": [
         ("experiments/attention_not_explanation/results.json", attention_not_explanation)
@@ -283,6 +318,14 @@ NOT_MEASURED: dict[str, dict[str, str]] = {
     "docs/tour.md": {"6 ×": "the shape of the example's map (6 queries × 10 keys)"},
     "docs/training.md": {
         "8.0": "the CUDA compute capability from which GPUs compute bf16 natively",
+    },
+    "docs/transformer.md": {
+        "0.6": "the paper's length penalty (Vaswani et al. 2017, section 6.1)",
+        "4.5": "the paper's million training pairs of WMT 2014 en-de (its section 5.1)",
+        **{
+            section: "a section of Vaswani et al. (2017)"
+            for section in ("3.1", "3.3", "3.4", "3.5", "5.1", "5.2", "5.3", "5.4", "6.1")
+        },
     },
 }
 
