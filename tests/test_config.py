@@ -152,7 +152,7 @@ def refused_by_set_and_file(override: str, match: str, tmp_path) -> None:
         (["train.lr=-0.001"], "train.lr must be in \\(0, 10\\]"),
         (["train.label_smoothing=1.0"], "label_smoothing"),
         (["train.max_epochs=0"], "max_epochs must be >= 1"),
-        (["train.precision=fp16"], "precision must be 'auto', 'bf16', 'tf32' or 'fp32'"),
+        (["train.precision=half"], "precision must be 'auto', 'bf16', 'tf32', 'fp16' or 'fp32'"),
         (["train.device=tpu"], "device must be"),
         (["train.max_time=-1"], "max_time must be between 0 and"),
         (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),
