@@ -154,6 +154,7 @@ def refused_by_set_and_file(override: str, match: str, tmp_path) -> None:
         (["train.max_epochs=0"], "max_epochs must be >= 1"),
         (["train.precision=half"], "precision must be 'auto', 'bf16', 'tf32', 'fp16' or 'fp32'"),
         (["train.device=tpu"], "device must be"),
+        (["data.pad_to_buckets=maybe"], "data.pad_to_buckets must be auto, true or false"),
         (["train.max_time=-1"], "max_time must be between 0 and"),
         (["train.cooldown=1.5"], "train.cooldown must be in \\[0, 1\\]"),
         (["train.optimizer=sgd"], "train.optimizer must be 'adam' or 'muon'"),
