@@ -55,6 +55,12 @@ class DataConfig:
     max_tokens: int = 2048  # per batch, per side, padding included: ~120 Multi30k pairs, so
     # ~240 updates an epoch; small data learns faster from more, smaller updates. Per process
     # under torchrun (fairseq's meaning): a step takes processes x accum_steps such batches.
+    # Training batches padded to about a dozen fixed shapes (seq2seq/data/batching.py's
+    # Buckets: the longer side rounded up to one of 12 lengths up to max_len + 1, the rows a
+    # batch of that length holds), so that a step captured for a shape could be replayed;
+    # the padding adds nothing to the loss or its gradient. "auto" is off everywhere: it is
+    # for the captured CUDA step, not built, and no GPU record yet shows it; true or false.
+    pad_to_buckets: bool | str = "auto"
     carve_valid: int = 1000  # carved off train when a corpus has only a train split
     carve_test: int = 1000
     # Subword regularisation: each epoch's training pairs segmented afresh by BPE-dropout,
@@ -119,7 +125,9 @@ class TrainConfig:
     validate_every: int = 0  # steps; 0 = once per epoch
     valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
     log_every: int = 10
-    precision: str = "auto"  # "bf16" autocast where native (CPU), "tf32" on CUDA; see precision.py
+    # "auto": bf16 autocast where native (CPU); on CUDA "tf32", or "fp16" (loss-scaled) below
+    # compute capability 8.0; or "bf16", "tf32", "fp16", "fp32". See precision.py.
+    precision: str = "auto"
     # torch.compile of the training step: "auto" (only where measured faster: see
     # seq2seq/training/compiling.py; on CPU it was not), true, or false.
     compile: bool | str = "auto"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SETTINGS = ("auto", "true", "false")  # of train.compile
+SETTINGS = ("auto", "true", "false")  # of train.compile and data.pad_to_buckets
 
 
 def setting_of(value: object) -> str:
-    """``train.compile`` as one of ``SETTINGS`` (YAML reads true/false as booleans)."""
+    """``train.compile`` (or ``data.pad_to_buckets``) as one of ``SETTINGS`` (YAML reads
+    true/false as booleans)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value).lower()
@@ -114,8 +115,8 @@ def train_checks(t: Any) -> list[Check]:
             "train.accum_steps and train.max_epochs must be >= 1",
         ),
         (
-            t.precision in ("auto", "bf16", "tf32", "fp32"),
-            "train.precision must be 'auto', 'bf16', 'tf32' or 'fp32'",
+            t.precision in ("auto", "bf16", "tf32", "fp16", "fp32"),
+            "train.precision must be 'auto', 'bf16', 'tf32', 'fp16' or 'fp32'",
         ),
         (
             t.attention_kernels in ("auto", "all"),
@@ -167,6 +168,10 @@ def data_checks(d: Any, m: Any) -> list[Check]:
         (
             d.joint_vocab or not m.share_embeddings,
             "data.joint_vocab false gives two vocabularies: set model.share_embeddings false too",
+        ),
+        (
+            setting_of(d.pad_to_buckets) in SETTINGS,
+            "data.pad_to_buckets must be auto, true or false",
         ),
         (
             d.carve_valid >= 0 and d.carve_test >= 0,

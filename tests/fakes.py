@@ -4,45 +4,86 @@ Each fake keeps the contract of the function it replaces: it checks its argument
 torch's own argument checks (``torch.cuda._utils._get_device_index``) or the checks torch's
 code makes, and refuses what the real one refuses, with the same error. A permissive fake of
 ``torch.cuda.set_device`` once hid a crash of every GPU run (an index-less ``cuda`` device,
-which torch refuses).
+which torch refuses). Where torch builds a function on another (``get_device_capability``,
+``get_device_name`` and ``is_bf16_supported`` read ``get_device_properties``), the fake
+replaces the one below and torch's own function runs on it.
+
+What the fakes prove is device selection and the calls made around it, not GPU behaviour:
+``max_memory_allocated``, the CUDA RNG, pinned memory, streams, graphs, NCCL's collectives and
+``torch.accelerator`` are not faked (on a CPU build they return 0 or False, or raise). A
+trainer test under the fake is no evidence about a GPU.
 """
 
 from __future__ import annotations
 
+import datetime
+import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch.cuda._utils import _get_device_index
 
+from seq2seq.run.precision import _tf32_switch
 from seq2seq.run.runtime import sdpa_kernels_on
+
+
+@dataclass(frozen=True)
+class FakeProperties:
+    """What ``torch.cuda.get_device_properties`` tells of a device, the fields read here."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
 
 
 @dataclass
 class FakeCuda:
-    """``count`` CUDA devices of ``capability``; ``calls`` records set_device and
-    init_process_group as ``(name, argument...)``."""
+    """``count`` CUDA devices of ``capability`` (or each of its own, ``capabilities``) with
+    ``memory`` bytes each (``used`` of them taken); ``calls`` records set_device,
+    init_process_group and new_group as ``(name, argument...)``."""
 
     count: int = 4
     capability: tuple[int, int] = (9, 0)
+    capabilities: dict[int, tuple[int, int]] = field(default_factory=dict)
+    memory: int = 80 * 2**30
+    used: int = 2**30
     current: int = 0
     calls: list[tuple] = field(default_factory=list)
     sdpa: dict[str, bool] = field(default_factory=dict)
+    tf32: tuple[str, object] = ("", None)
+    group: dict[str, object] | None = None  # the default process group, once initialised
 
     def install(self, monkeypatch) -> FakeCuda:
-        for name in ("is_available", "device_count", "current_device", "set_device"):
+        """The fakes in place of torch's; ``restore()`` puts back what they cannot leave to
+        monkeypatch: the process's SDPA kernel flags and TF32 switch."""
+        for name in (
+            "is_available",
+            "device_count",
+            "current_device",
+            "set_device",
+            "get_device_properties",
+            "mem_get_info",
+        ):
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
-        monkeypatch.setattr(torch.cuda, "get_device_capability", self.get_device_capability)
-        monkeypatch.setattr(torch.cuda, "get_device_name", self.get_device_name)
-        monkeypatch.setattr(dist, "init_process_group", self.init_process_group)
-        # attention_kernels turns SDPA's kernels on and off for the process: restore_sdpa
-        # puts them back
-        self.sdpa = sdpa_kernels_on()
+        # torch's is_bf16_supported tries a bf16 tensor below capability 8.0, as every CUDA
+        # device can hold one (emulated): a CPU build cannot
+        monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+        for name in ("init_process_group", "is_initialized", "get_rank", "get_world_size"):
+            monkeypatch.setattr(dist, name, getattr(self, name))
+        monkeypatch.setattr(dist, "new_group", self.new_group)
+        self.sdpa = sdpa_kernels_on()  # attention_kernels turns them on and off
+        self.tf32 = _tf32_switch()  # a run on CUDA sets it inside its training
         return self
 
-    def restore_sdpa(self) -> None:
+    def restore(self) -> None:
         for flag, on in self.sdpa.items():
             getattr(torch.backends.cuda, f"enable_{flag}_sdp")(on)
+        name, value = self.tf32
+        setattr(torch.backends.cuda.matmul, name, value)
+
+    # -- torch.cuda -------------------------------------------------------------------------
 
     def is_available(self) -> bool:
         return True
@@ -53,33 +94,111 @@ class FakeCuda:
     def current_device(self) -> int:
         return self.current
 
-    def _index(self, device, optional: bool = False) -> int:
-        index = _get_device_index(device, optional=optional)  # torch's own checks
+    def set_device(self, device) -> None:
+        """A negative index is a no-op, as in torch; an index-less device raises ValueError
+        (torch's check), one past the devices CUDA's error."""
+        index = _get_device_index(device)
+        if index < 0:
+            return
+        if index >= self.count:
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        self.current = index
+        self.calls.append(("set_device", torch.device("cuda", index)))
+
+    def get_device_properties(self, device=None) -> FakeProperties:
+        index = _get_device_index(device, optional=True)
+        if index < 0 or index >= self.count:
+            raise AssertionError("Invalid device id")  # torch's own check and message
+        capability = self.capabilities.get(index, self.capability)
+        return FakeProperties(f"Fake GPU {index}", *capability, self.memory)
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        """(free, total) bytes of the device, the current one by default."""
+        index = _get_device_index(self.current if device is None else device, optional=True)
         if not 0 <= index < self.count:
             raise RuntimeError("CUDA error: invalid device ordinal")
-        return index
+        return self.memory - self.used, self.memory
 
-    def set_device(self, device) -> None:
-        self.current = self._index(device)  # an index-less device raises ValueError here
-        self.calls.append(("set_device", torch.device("cuda", self.current)))
+    # -- torch.distributed ------------------------------------------------------------------
 
-    def get_device_capability(self, device=None) -> tuple[int, int]:
-        self._index(device, optional=True)
-        return self.capability
-
-    def get_device_name(self, device=None) -> str:
-        return f"Fake GPU {self._index(device, optional=True)}"
-
-    def init_process_group(self, backend=None, timeout=None, device_id=None, **kwargs) -> None:
-        """The checks torch's ``init_process_group`` makes of ``device_id``, then a record."""
+    def init_process_group(
+        self,
+        backend: str | None = None,
+        init_method: str | None = None,
+        timeout: datetime.timedelta | None = None,
+        world_size: int = -1,
+        rank: int = -1,
+        store=None,
+        group_name: str = "",
+        pg_options=None,
+        device_id: torch.device | int | None = None,
+        _ranks: list[int] | None = None,
+    ) -> None:
+        """torch's checks of a second call and of ``device_id`` (the accelerator is CUDA),
+        and env://'s of its variables; then the default group, initialised, and a record."""
+        if self.group is not None:
+            raise ValueError("trying to initialize the default process group twice!")
         if isinstance(device_id, int):
             device_id = torch.device("cuda", device_id)
         if device_id is not None and device_id.type != "cpu":
+            if device_id.type != "cuda":
+                raise ValueError(
+                    f"device_id {device_id} does not match the current compilation's "
+                    "accelerator support: cuda."
+                )
             if device_id.index is None:
                 raise ValueError("Please use a device_id with index.")
             if device_id.index >= self.count:
                 raise ValueError(f"device_id {device_id} is out of range.")
+        if store is None and init_method in (None, "env://"):
+            rank = rank if rank >= 0 else int(self._env("RANK"))
+            world_size = world_size if world_size > 0 else int(self._env("WORLD_SIZE"))
+            self._env("MASTER_ADDR"), self._env("MASTER_PORT")
+        self.group = {"rank": rank, "world": world_size, "device_id": device_id}
         self.calls.append(("init_process_group", backend, device_id))
+
+    @staticmethod
+    def _env(name: str) -> str:
+        if not os.environ.get(name):
+            raise ValueError(
+                "Error initializing torch.distributed using env:// rendezvous: "
+                f"environment variable {name} expected, but not set"
+            )
+        return os.environ[name]
+
+    def _default_group(self) -> dict[str, object]:
+        if self.group is None:
+            raise ValueError(
+                "Default process group has not been initialized, please make sure to call "
+                "init_process_group."
+            )
+        return self.group
+
+    def is_initialized(self) -> bool:
+        return self.group is not None
+
+    def get_rank(self, group=None) -> int:
+        return int(self._default_group()["rank"])
+
+    def get_world_size(self, group=None) -> int:
+        return int(self._default_group()["world"])
+
+    def new_group(
+        self,
+        ranks=None,
+        timeout=None,
+        backend=None,
+        pg_options=None,
+        use_local_synchronization: bool = False,
+        group_desc=None,
+        device_id: torch.device | None = None,
+        sort_ranks: bool = True,
+    ) -> dict[str, object]:
+        """A group of the default one's ranks, bound to its device unless given another
+        (torch's ``_new_group_with_tag`` takes the default group's ``bound_device_id``)."""
+        bound = device_id if device_id is not None else self._default_group()["device_id"]
+        self.calls.append(("new_group", backend, bound))
+        return {"backend": backend, "device_id": bound}
 
 
 class LegacyMatmul:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from seq2seq.commands.cli import format_data_report, main
 from seq2seq.config import Config, DataConfig
 from seq2seq.data import batching, hub, prepare, registry
-from seq2seq.data.batching import TokenBatchSampler, collate
+from seq2seq.data.batching import N_BUCKETS, Buckets, TokenBatchSampler, collate
 from seq2seq.data.corpora import encode_pairs, load_corpus, open_corpus
 from seq2seq.data.prepare import prepare_store
 from seq2seq.data.report import data_report
@@ -435,6 +435,46 @@ def test_similar_lengths_share_batches_so_padding_is_low():
     src = [1 + (i * 7919) % 40 for i in range(2000)]
     tgt = [s + (i % 3) for i, s in enumerate(src)]
     assert TokenBatchSampler(src, tgt, 1000, seed=1).padding_fraction() < 0.05
+
+
+def test_the_buckets_are_about_a_dozen_lengths_covering_max_len():
+    buckets = Buckets.covering(max_len=100, max_tokens=2048, max_positions=512)
+    assert buckets.lengths == tuple(range(16, 105, 8))  # 12 lengths, multiples of 8
+    assert Buckets.covering(60, 160, 64).lengths[-1] == 64  # max_len + 1 = 61, rounded up
+    assert Buckets.covering(61, 160, 63).lengths[-1] == 63  # at most max_positions
+    assert Buckets.covering(60, 62, 64).lengths[-1] == 62  # and at most a batch's tokens
+    assert len(Buckets.covering(1000, 4096, 2048).lengths) == N_BUCKETS
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths, st.integers(62, 2000), st.integers(0, 2**31))
+def test_bucketed_batches_fit_their_shape_and_cover_every_pair_once(pair_lengths, max_tokens, seed):
+    """Every batch bounded by its bucket's length fits the bucket's shape: one of at most
+    a dozen, whatever the pairs' lengths, each at most max_tokens slots a side."""
+    buckets = Buckets.covering(max_len=60, max_tokens=max_tokens, max_positions=64)
+    src, tgt = [s for s, _ in pair_lengths], [t for _, t in pair_lengths]
+    sampler = TokenBatchSampler(src, tgt, max_tokens, seed, buckets=buckets)
+    batches, shapes = sampler.batches(0), set()
+    assert sorted(i for batch in batches for i in batch) == list(range(len(src)))
+    src_ids, tgt_ids = [[7] * (n - 1) for n in src], [[7] * (n - 1) for n in tgt]  # + EOS: n
+    for batch in batches:
+        padded = collate([src_ids[i] for i in batch], [tgt_ids[i] for i in batch], buckets)
+        rows, length = padded.src.shape
+        assert padded.tgt_in.shape == padded.tgt_out.shape == (rows, length)
+        assert length in buckets.lengths and rows == max_tokens // length
+        assert rows * length <= max_tokens
+        shapes.add((rows, length))
+    assert len(shapes) <= N_BUCKETS
+
+
+def test_padding_rows_hold_a_source_to_read_and_no_target():
+    batch = collate([[10, 11], [12]], [[20], [21, 22]]).padded_to(4, 8)
+    assert batch.src.shape == batch.tgt_in.shape == batch.tgt_out.shape == (4, 8)
+    assert batch.src[:2, :3].tolist() == [[10, 11, EOS_ID], [12, EOS_ID, PAD_ID]]
+    assert batch.src[2:, 0].tolist() == [EOS_ID, EOS_ID]  # attention always has a key
+    assert batch.tgt_in[2:, 0].tolist() == [BOS_ID, BOS_ID]
+    assert (batch.tgt_out[2:] == PAD_ID).all() and (batch.src[:, 3:] == PAD_ID).all()
+    assert batch.n_tgt_tokens == 5  # what the loss averages over: the real tokens alone
 
 
 def test_collate_shapes_and_contents():

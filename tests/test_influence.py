@@ -244,6 +244,7 @@ def test_a_map_takes_the_tie_threshold_of_the_precision_in_force(tf32_switch):
         assert tie_nats(None, gpu) == TIE_NATS_TF32 > TIE_NATS_FP32
         assert tie_nats(None, cpu) == TIE_NATS_FP32  # CUDA's switch: not the CPU's numbers
         assert tie_nats(torch.bfloat16, gpu) == TIE_NATS
+        assert tie_nats(torch.float16, cpu) == tie_nats(torch.float16, gpu) == TIE_NATS
     with matmul_precision("fp32", gpu):
         assert tie_nats(None, gpu) == TIE_NATS_FP32
 

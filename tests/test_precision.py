@@ -14,33 +14,19 @@ from seq2seq.run.precision import autocast_dtype
 from seq2seq.training.entry import train
 
 
-class TwoGpus:
-    """cuda:0 an A100 (compute capability 8.0), cuda:1 a T4 (7.5), as torch.cuda reports
-    them: ``is_bf16_supported()`` reads the current device and, by default, counts the
-    T4's emulated bf16 (slower than fp32) as support."""
-
-    capability = {0: (8, 0), 1: (7, 5)}
-    current = 0
-
-    def get_device_capability(self, device=None) -> tuple[int, int]:
-        index = None if device is None else torch.device(device).index
-        return self.capability[self.current if index is None else index]
-
-    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
-        return including_emulation or self.capability[self.current] >= (8, 0)
-
-
 @pytest.fixture
-def gpus(monkeypatch) -> TwoGpus:
-    fake = TwoGpus()
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: fake.current)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", fake.get_device_capability)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", fake.is_bf16_supported)
-    return fake
+def gpus(monkeypatch) -> FakeCuda:
+    """cuda:0 an A100 (compute capability 8.0), cuda:1 a T4 (7.5), as torch.cuda reports
+    them: torch's ``is_bf16_supported()`` reads the current device and, by default, counts
+    the T4's emulated bf16 (slower than fp32) as support."""
+    fake = FakeCuda(count=2, capabilities={0: (8, 0), 1: (7, 5)}).install(monkeypatch)
+    yield fake
+    fake.restore()
 
 
 def test_a_cuda_device_below_capability_8_gets_fp32(gpus):
     gpus.current = 1
+    assert torch.cuda.is_bf16_supported()  # emulated: what native_bf16 must not take for bf16
     assert autocast_dtype("bf16", torch.device("cuda:1")) is None
 
 
@@ -78,14 +64,37 @@ def test_a_bf16_config_without_native_bf16_trains_in_fp32_and_says_so(
     assert "; fp32 on cpu" in capsys.readouterr().err
 
 
-def test_auto_is_bf16_on_a_cpu_and_tf32_on_cuda(gpus):
-    from seq2seq.run.precision import describe_precision, resolved_precision
+def test_auto_is_bf16_on_a_cpu_tf32_on_cuda_and_fp16_without_bf16(gpus):
+    from seq2seq.run.precision import describe_precision, resolved_precision, wants_tf32
 
-    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    cpu, gpu, t4 = torch.device("cpu"), torch.device("cuda:0"), torch.device("cuda:1")
     assert resolved_precision("auto", cpu) == "bf16"
     assert resolved_precision("auto", gpu) == precision.CUDA_AUTO == "tf32"
     assert autocast_dtype("auto", gpu) is None  # fp32 tensors, TF32 matrix multiplies
     assert describe_precision("auto", None, gpu) == "fp32 with TF32 matrix multiplies on cuda:0"
+    # Below compute capability 8.0 there is neither bf16 nor TF32 in hardware: fp16, scaled.
+    assert resolved_precision("auto", t4) == "fp16" and not wants_tf32("auto", t4)
+    assert autocast_dtype("auto", t4) == torch.float16
+    assert describe_precision("auto", torch.float16, t4) == (
+        "fp16 autocast with loss scaling on cuda:1"
+    )
+
+
+def test_fp16_is_fp16_on_every_device_and_a_cpu_is_told_it_is_slow():
+    """Asked for, fp16 runs where it is asked, as fairseq's --fp16 does on a device without
+    fast fp16, with a note on a CPU (a run's line: test_scaling)."""
+    from seq2seq.run.precision import FP16, describe_precision, precision_name
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    assert autocast_dtype("fp16", cpu) == autocast_dtype("fp16", gpu) == torch.float16
+    assert precision_name("fp16", torch.float16, cpu) == FP16 == "fp16 autocast"
+    assert describe_precision("fp16", torch.float16, gpu) == (
+        "fp16 autocast with loss scaling on cuda:0"
+    )
+    assert describe_precision("fp16", torch.float16, cpu) == (
+        "fp16 autocast with loss scaling (note: fp16 is for GPUs without bf16; a CPU without "
+        "fp16 arithmetic, most of them, computes it many times slower than fp32) on cpu"
+    )
 
 
 def test_the_bf16_note_is_for_a_run_that_asked_for_bf16(monkeypatch):
@@ -98,7 +107,7 @@ def test_the_bf16_note_is_for_a_run_that_asked_for_bf16(monkeypatch):
     assert "note: bf16 is not native here" in describe_precision("bf16", None, cpu)
 
 
-def test_tf32_is_in_force_inside_the_block_alone_through_the_current_api(tf32_switch):
+def test_tf32_is_in_force_inside_the_block_alone_through_the_current_api(tf32_switch, gpus):
     """torch >= 2.9: ``fp32_precision`` is set inside and put back after, whatever it was
     (a user's own "tf32" included, after which torch's legacy getter raises) and however the
     block ends; on the CPU nothing changes."""
@@ -138,12 +147,12 @@ def test_before_torch_2_9_the_legacy_switch_is_set_and_put_back(monkeypatch):
 def test_a_run_on_cuda_leaves_the_tf32_switch_as_it_found_it(tmp_path, monkeypatch, tf32_switch):
     """The switch is the process's: a run never sets it outside its training (here one on
     four fake GPUs, which stops where this CPU build cannot place the model on one)."""
-    fake = FakeCuda(count=4).install(monkeypatch)
     tf32_switch.fp32_precision = "ieee"
+    fake = FakeCuda(count=4).install(monkeypatch)  # which puts back the switch it found
     config = tiny_config(train__device="cuda", train__precision="tf32", train__max_steps=1)
     try:
         with pytest.raises((AssertionError, RuntimeError), match="CUDA"):
             train(config, tmp_path / "run", progress=False)
     finally:
-        fake.restore_sdpa()
+        fake.restore()
     assert tf32_switch.fp32_precision == "ieee"

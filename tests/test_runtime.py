@@ -72,24 +72,74 @@ def test_ddp_leaves_each_ranks_buffers_alone(two_ranks):
 
 
 @pytest.fixture
-def fake_gpus(monkeypatch):
-    """Four CUDA devices that refuse what torch refuses (``fakes.FakeCuda``), and the calls
-    ``setup_runtime`` makes on them."""
+def fake(monkeypatch):
+    """Four CUDA devices that refuse what torch refuses (``fakes.FakeCuda``)."""
     fake = FakeCuda(count=4).install(monkeypatch)
     threads = torch.get_num_threads()
-    yield fake.calls
+    yield fake
     torch.set_num_threads(threads)
-    fake.restore_sdpa()
+    fake.restore()
 
 
-def test_the_fake_gpus_refuse_what_torch_refuses(fake_gpus):
+@pytest.fixture
+def fake_gpus(fake):
+    """The calls ``setup_runtime`` makes on the fake's four devices."""
+    return fake.calls
+
+
+def test_the_fake_gpus_refuse_what_torch_refuses(fake_gpus, monkeypatch):
     with pytest.raises(ValueError, match="Expected a torch.device with a specified index"):
         torch.cuda.set_device(torch.device("cuda"))  # the crash of every default GPU run
     with pytest.raises(RuntimeError, match="invalid device ordinal"):
         torch.cuda.set_device(7)
+    with pytest.raises(AssertionError, match="Invalid device id"):  # torch's own function
+        torch.cuda.get_device_capability(7)
     with pytest.raises(ValueError, match="device_id with index"):
         dist.init_process_group("nccl", device_id=torch.device("cuda"))
-    assert fake_gpus == []
+    with pytest.raises(ValueError, match="does not match the current compilation"):
+        dist.init_process_group("nccl", device_id=torch.device("mps", 0))
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(ValueError, match="environment variable MASTER_ADDR expected"):
+        dist.init_process_group("nccl", rank=0, world_size=2)
+    with pytest.raises(ValueError, match="Default process group has not been initialized"):
+        dist.new_group(backend="gloo")
+    assert fake_gpus == [] and not dist.is_initialized()
+
+
+def test_the_fake_gpus_accept_what_torch_accepts(fake, monkeypatch):
+    torch.cuda.set_device(-1)  # "a no-op if this argument is negative"
+    assert fake.calls == [] and torch.cuda.current_device() == 0
+    assert torch.cuda.get_device_capability("cuda:3") == (9, 0)
+    assert torch.cuda.get_device_name() == "Fake GPU 0"
+    assert torch.cuda.mem_get_info(torch.device("cuda")) == (fake.memory - fake.used, fake.memory)
+    # torch's is_bf16_supported, reading the current device's properties
+    assert torch.cuda.is_bf16_supported(including_emulation=False)
+    fake.capability = (7, 5)  # a T4: bf16 emulated only
+    assert not torch.cuda.is_bf16_supported(including_emulation=False)
+    assert torch.cuda.is_bf16_supported()
+    for name, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    gpu = torch.device("cuda", 1)
+    dist.init_process_group("nccl", world_size=2, device_id=gpu)
+    assert dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (1, 2)
+    with pytest.raises(ValueError, match="initialize the default process group twice"):
+        dist.init_process_group("nccl", world_size=2, device_id=gpu)
+    dist.new_group(backend="gloo")  # bound to the default group's device, as torch binds it
+    assert fake.calls[-1] == ("new_group", "gloo", gpu)
+
+
+def test_each_fake_takes_the_arguments_of_torchs_function():
+    """Same parameters, in the same order: a call that torch takes reaches the fake alike."""
+    import inspect as pyinspect
+
+    fake = FakeCuda()  # not installed: torch's functions are in place
+    cuda = ("is_available", "device_count", "current_device", "set_device", "mem_get_info")
+    distributed = ("init_process_group", "is_initialized", "get_rank", "get_world_size")
+    faked = [(torch.cuda, name) for name in (*cuda, "get_device_properties")]
+    faked += [(dist, name) for name in (*distributed, "new_group")]
+    for module, name in faked:
+        real = pyinspect.signature(getattr(module, name)).parameters
+        assert list(pyinspect.signature(getattr(fake, name)).parameters) == list(real), name
 
 
 @pytest.mark.parametrize("asked, index", [("auto", 0), ("cuda", 0), ("cuda:2", 2)])
@@ -133,8 +183,8 @@ def test_train_threads_are_set_on_a_gpu_too(fake_gpus):
 
 
 def test_under_torchrun_the_gpu_is_bound_before_the_process_group(fake_gpus, monkeypatch, tmp_path):
-    monkeypatch.setattr(dist, "get_rank", lambda: 2)
-    env = {"WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    env = {"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # what torchrun sets too
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # a 64-core host whose CPU quota allows 8: each of the 4 local ranks takes 2 threads

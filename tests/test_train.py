@@ -121,15 +121,19 @@ def test_two_vocabularies_train_with_their_own_embeddings(tmp_path):
 @pytest.mark.parametrize(
     "subwords",
     # subword sampling with a vocabulary that has merges to drop (the default 308 has none)
-    # and Muon for the layers' matrices, with a moving average of the weights
+    # and Muon for the layers' matrices, with a moving average of the weights, in fp16 whose
+    # loss scale (2**17, doubling after 5 clean steps to 2**18, which overflows) skips steps
     [
         {},
         {"data__subword_alpha": 0.2, "data__subword_epochs": "[0,1]", "data__vocab_size": 400},
-        {"train__optimizer": "muon", "train__ema": 0.9},
+        {"train__optimizer": "muon", "train__ema": 0.9, "train__precision": "fp16"},
     ],
-    ids=["store", "subword-sampling", "muon-ema"],
+    ids=["store", "subword-sampling", "muon-ema-fp16"],
 )
-def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords):
+def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, monkeypatch, subwords):
+    from seq2seq.training import scaling
+
+    monkeypatch.setattr(scaling, "LOSS_SCALE", {"init_scale": 2.0**17, "growth_interval": 5})
     total = 26  # crosses two epoch ends (11 batches an epoch)
     # with dropout rising from 0 to 0.3 over epoch 1: the schedule is resumed with the rest;
     # with subword sampling too, each epoch's pairs are sampled again from the seed
@@ -148,7 +152,11 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords
         )
         assert state["step"] == stop
     assert (state["epoch"], state["batch"]) == (whole["epoch"], whole["batch"])
-    assert "data__subword_alpha" in subwords or (state["epoch"], state["batch"]) == (2, 4)
+    assert state["scaler_skips"] == whole["scaler_skips"]
+    assert (state["scaler_skips"] > 0) == ("train__precision" in subwords)
+    # 26 batches in 11-batch epochs, unless sampling changed the epochs or skips took batches
+    if not subwords.keys() & {"data__subword_alpha", "train__precision"}:
+        assert (state["epoch"], state["batch"]) == (2, 4)
 
     straight, interrupted = (
         train_losses(tmp_path / "straight"),
@@ -157,12 +165,15 @@ def test_resume_reaches_the_same_loss_as_an_uninterrupted_run(tmp_path, subwords
     assert sorted(interrupted) == list(range(1, total + 1))  # nothing logged twice or lost
     for step in range(1, total + 1):
         assert interrupted[step] == pytest.approx(straight[step], rel=0, abs=1e-6), step
-    a, _ = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
-    b, _ = checkpoint.read_tensors(tmp_path / "interrupted" / checkpoint.LAST_FILE)
+    a, saved_a = checkpoint.read_tensors(tmp_path / "straight" / checkpoint.LAST_FILE)
+    b, saved_b = checkpoint.read_tensors(tmp_path / "interrupted" / checkpoint.LAST_FILE)
     assert a.keys() == b.keys()
     for name in a:  # weights, optimizer moments, the moving average and RNG state alike
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
     assert any(name.startswith("ema.") for name in a) == ("train__ema" in subwords)
+    # fp16's loss scaler: its scale and its count of clean steps towards growing it
+    assert saved_a.get("loss_scaler") == saved_b.get("loss_scaler")
+    assert ("loss_scaler" in saved_a) == ("train__precision" in subwords)
 
 
 def test_resuming_a_finished_run_takes_no_extra_step_and_writes_nothing(tmp_path, capsys):
@@ -663,6 +674,44 @@ def test_accumulating_micro_batches_equals_one_large_batch(tmp_path):
     assert not torch.equal(
         accumulated["src_embed.tokens.weight"], model0["src_embed.tokens.weight"]
     )
+
+
+def test_a_step_on_batches_padded_to_their_buckets_equals_the_unpadded_step(tmp_path, monkeypatch):
+    """Padding rows and columns add nothing to the loss or its gradient (data.pad_to_buckets)."""
+    from seq2seq.run.runtime import Runtime
+    from seq2seq.training.trainer import Trainer
+
+    config = tiny_config(model__dropout=0.0, data__pad_to_buckets="true", train__accum_steps=2)
+    trainer = Trainer(config, tmp_path, Runtime(), False, False, False)
+    start = [{k: v.clone() for k, v in trainer.model.state_dict().items()}]
+    start.append(trainer.optimizer.state_dict())
+    step, grads = trainer.scaling.step, []
+
+    def step_recording_gradients(optimizer) -> None:
+        grads.append([p.grad.clone() for p in trainer.model.parameters()])
+        step(optimizer)
+
+    monkeypatch.setattr(trainer.scaling, "step", step_recording_gradients)
+    batches = trainer.sampler.batches(0)
+    rows = [trainer.my_batches([b])[0][0].src.shape[0] for b in batches]
+    short = next(i for i, b in enumerate(batches) if len(b) < rows[i])  # padded with rows
+    group = [batches[short], batches[short - 1]]
+    padded = trainer.my_batches(group)
+    loss_padded, _ = trainer.train_step(group, padded)
+    trainer.model.load_state_dict(start[0])
+    trainer.optimizer.load_state_dict(start[1])
+    buckets, trainer.buckets = trainer.buckets, None
+    unpadded = trainer.my_batches(group)
+    loss, _ = trainer.train_step(group, unpadded)
+    for (a, _), (b, _) in zip(padded, unpadded, strict=True):
+        assert a.src.shape == a.tgt_in.shape and a.src.shape[1] in buckets.lengths
+        assert a.src.shape[0] >= b.src.shape[0] and a.src.shape[1] >= b.src.shape[1]
+    pairs = zip(padded, unpadded, strict=True)
+    assert any(a.src.shape[0] > b.src.shape[0] for (a, _), (b, _) in pairs)  # padding rows
+    assert loss_padded == pytest.approx(loss, rel=1e-6)
+    names = [name for name, _ in trainer.model.named_parameters()]
+    for name, g_padded, g in zip(names, *grads, strict=True):
+        torch.testing.assert_close(g_padded, g, rtol=1e-5, atol=1e-7, msg=name)
 
 
 def test_learning_rate_warms_up_linearly_then_decays_as_one_over_root_step(tmp_path):

@@ -1,4 +1,6 @@
-"""Token batching: pairs of similar length, bounded in tokens per side, padded into tensors."""
+"""Token batching: pairs of similar length, bounded in tokens per side, padded into tensors;
+optionally padded further to a few fixed shapes (``Buckets``), so that a step captured for
+one shape could be replayed for every batch of that shape."""
 
 from __future__ import annotations
 
@@ -11,10 +13,60 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from seq2seq.config import Config
+from seq2seq.config_checks import setting_of
 from seq2seq.errors import Seq2SeqError
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
 
 Item, Made = TypeVar("Item"), TypeVar("Made")
+
+N_BUCKETS = 12  # padded lengths: few shapes, so that a captured step per shape is cheap
+BUCKET_MULTIPLE = 8  # each a multiple of 8, the width tensor cores work in
+# Device types where a record showed padding to buckets pays: none yet. It serves a captured
+# step (torch.cuda.graph), not built; an eager step only computes the padding for nothing.
+BUCKETS_WIN: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The shapes a training batch is padded to, both sides alike: the batch's longer side
+    (EOS or BOS included) rounded up to one of ``lengths``, and as many rows as a batch of
+    that length holds (``max_tokens // length``), so that each length has one shape.
+
+    ``lengths``: ``N_BUCKETS`` lengths spaced evenly up to ``max_len + 1`` (the longest a
+    training side is), each rounded up to a multiple of ``BUCKET_MULTIPLE``, at most
+    ``max_positions`` and ``max_tokens``: 16, 24, ..., 104 for max_len 100. A batch bounded
+    by its bucket's length (``TokenBatchSampler(buckets=...)``) fits its shape in tokens."""
+
+    lengths: tuple[int, ...]
+    max_tokens: int
+
+    @classmethod
+    def covering(cls, max_len: int, max_tokens: int, max_positions: int) -> Buckets:
+        longest, m, cap = max_len + 1, BUCKET_MULTIPLE, min(max_positions, max_tokens)
+        evenly = (-(-i * longest // N_BUCKETS) for i in range(1, N_BUCKETS + 1))
+        return cls(tuple(sorted({min(-(-n // m) * m, cap) for n in evenly})), max_tokens)
+
+    @classmethod
+    def of_run(cls, config: Config, device: torch.device) -> Buckets | None:
+        """A run's buckets on ``device``, when its ``data.pad_to_buckets`` (auto, true or
+        false) says so there; else None."""
+        d, setting = config.data, setting_of(config.data.pad_to_buckets)
+        if setting == "true" or (setting == "auto" and device.type in BUCKETS_WIN):
+            return cls.covering(d.max_len, d.max_tokens, config.model.max_positions)
+        return None
+
+    def length(self, longer: np.ndarray) -> np.ndarray:
+        """The padded length of sides ``longer`` long (an array). No training side is longer
+        than the last bucket (data.max_len drops such pairs); one that were keeps its own."""
+        edges = np.asarray(self.lengths)
+        at = np.searchsorted(edges, longer)
+        return np.where(at < len(edges), edges[np.minimum(at, len(edges) - 1)], longer)
+
+    def shape(self, batch: Batch) -> tuple[int, int]:
+        """The (rows, length) ``batch`` is padded to."""
+        length = int(self.length(np.asarray(max(batch.src.shape[1], batch.tgt_in.shape[1]))))
+        return max(batch.src.shape[0], self.max_tokens // length), length
 
 
 class TokenBatchSampler:
@@ -23,7 +75,8 @@ class TokenBatchSampler:
     A batch of ``B`` pairs obeys ``max(B * S_max, B * T_max) <= max_tokens``; a single pair
     longer than that gets a batch of its own. Each epoch every pair appears exactly once;
     ties in length and the batch order are shuffled from ``(seed, epoch)``, so a resumed
-    run can rebuild an epoch and skip the batches it has done.
+    run can rebuild an epoch and skip the batches it has done. With ``buckets``, the bound
+    takes each pair's padded length (``Buckets.length``): every batch fits its bucket's shape.
     """
 
     def __init__(
@@ -33,6 +86,7 @@ class TokenBatchSampler:
         max_tokens: int,
         seed: int,
         shuffle: bool = True,
+        buckets: Buckets | None = None,
     ):
         if len(src_lengths) != len(tgt_lengths):
             raise ValueError(
@@ -45,6 +99,7 @@ class TokenBatchSampler:
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
+        self.buckets = buckets
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches, each an array of pair indices (int32 views of one index
@@ -57,6 +112,8 @@ class TokenBatchSampler:
         # Stable sort by the longer side (what the bound is on), then source, then target
         # length: the shuffle above only breaks ties. Padding on Multi30k: 4%.
         order, longer = _by_length(order, self.src_lengths, self.tgt_lengths)
+        if self.buckets is not None:  # still ascending: the bound on the padded length
+            longer = self.buckets.length(longer)
         batches = np.split(order, _batch_bounds(longer, self.max_tokens)) if len(order) else []
         if self.shuffle:
             rng.shuffle(batches)
@@ -161,6 +218,24 @@ class Batch:
         src, tgt_in, tgt_out = map(page_locked, (self.src, self.tgt_in, self.tgt_out))
         return Batch(src, tgt_in, tgt_out, self.n_tgt_tokens)
 
+    def padded_to(self, rows: int, length: int) -> Batch:
+        """This batch as ``(rows, length)`` on both sides: PAD after each row, and rows that
+        add nothing to the loss or its gradient: a source of EOS alone (attention over a row
+        of PAD alone would have nothing to read: NaN), a target of BOS in and PAD out."""
+
+        def grown(x: torch.Tensor, first: int) -> torch.Tensor:
+            out = x.new_full((rows, length), PAD_ID)
+            out[: x.shape[0], : x.shape[1]] = x
+            out[x.shape[0] :, 0] = first
+            return out
+
+        return Batch(
+            grown(self.src, EOS_ID),
+            grown(self.tgt_in, BOS_ID),
+            grown(self.tgt_out, PAD_ID),
+            self.n_tgt_tokens,
+        )
+
 
 def _pad(rows: Sequence[Sequence[int]], first: int | None, last: int | None) -> torch.Tensor:
     """``rows`` of ids (lists or numpy arrays) as one right-padded (B, T) tensor, each row
@@ -176,14 +251,20 @@ def _pad(rows: Sequence[Sequence[int]], first: int | None, last: int | None) -> 
     return torch.from_numpy(out)
 
 
-def collate(src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]] | None) -> Batch:
+def collate(
+    src_ids: Sequence[Sequence[int]],
+    tgt_ids: Sequence[Sequence[int]] | None,
+    buckets: Buckets | None = None,
+) -> Batch:
+    """The pairs as one padded batch; with ``buckets`` (and targets), at its bucket's shape."""
     src = _pad(src_ids, None, EOS_ID)  # (B, S): ids + EOS
     if tgt_ids is None:
         return Batch(src)
     tgt_in = _pad(tgt_ids, BOS_ID, None)  # (B, T): BOS + ids
     tgt_out = _pad(tgt_ids, None, EOS_ID)  # (B, T): ids + EOS
     n_tokens = sum(len(ids) + 1 for ids in tgt_ids)  # non-pad positions of tgt_out
-    return Batch(src, tgt_in, tgt_out, n_tokens)
+    batch = Batch(src, tgt_in, tgt_out, n_tokens)
+    return batch if buckets is None else batch.padded_to(*buckets.shape(batch))
 
 
 class Prefetcher:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from seq2seq.config import Config, subword_alpha_at
 from seq2seq.data.store import (
     SIDES,
     PairStore,
@@ -39,6 +40,7 @@ from seq2seq.data.store import (
     write_manifest,
     write_pairs,
 )
+from seq2seq.data.tokenizer import Tokenizer
 from seq2seq.errors import Seq2SeqError
 
 SAMPLED_DIR = "subword"  # RUN/subword/epoch_N: the sampled stores, the current and the next
@@ -176,6 +178,21 @@ class EpochSampler:
         self.store, self.models, self.alpha_at = store, models, alpha_at
         self.seed, self.max_len, self.directory = seed, max_len, Path(directory)
         self.workers: dict[int, subprocess.Popen] = {}
+
+    @classmethod
+    def of_run(cls, config: Config, store: PairStore, run_dir: Path) -> EpochSampler | None:
+        """A run's sampler of ``store``, when ``data.subword_alpha`` is set: rank 0 samples
+        into RUN/subword, every rank reads it."""
+        if not config.data.subword_alpha:
+            return None
+        return cls(
+            store,
+            Tokenizer.model_files(run_dir),
+            lambda epoch: subword_alpha_at(config, epoch),
+            config.train.seed,
+            config.data.max_len,
+            run_dir / SAMPLED_DIR,
+        )
 
     def sample(self, epoch: int, stopping: Callable[[], bool] = lambda: False) -> bool:
         """Have epoch ``epoch``'s pairs ready for ``read``, waiting for their sampling if it has

@@ -41,14 +41,15 @@ MAX_LOGITS = 2**25
 TIE_NATS = 0.15  # a map computed under bf16 autocast
 TIE_NATS_FP32 = 1e-5
 # Not measured (TF32 is CUDA's alone): TF32 rounds a matrix multiply's inputs to 10 mantissa
-# bits where bf16 keeps 7, so bf16's threshold is the wider of the two.
+# bits where bf16 keeps 7, so bf16's threshold is the wider of the two. fp16 autocast keeps 10
+# too, not measured either: it takes bf16's.
 TIE_NATS_TF32 = TIE_NATS
 
 
 def tie_nats(dtype: torch.dtype | None, device: torch.device | None = None) -> float:
     """The tie threshold of a map computed now under autocast to ``dtype`` (None: fp32) on
     ``device``, by the precision in force: TF32 matrix multiplies there take TF32's."""
-    if dtype == torch.bfloat16:
+    if dtype in (torch.bfloat16, torch.float16):
         return TIE_NATS
     return TIE_NATS_TF32 if device is not None and tf32_in_force(device) else TIE_NATS_FP32
 

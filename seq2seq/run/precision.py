@@ -1,5 +1,5 @@
-"""Numeric precision: ``train.precision`` is ``auto`` (the default), ``bf16``, ``tf32`` or
-``fp32``.
+"""Numeric precision: ``train.precision`` is ``auto`` (the default), ``bf16``, ``tf32``,
+``fp16`` or ``fp32``.
 
 ``bf16`` is autocast where the hardware computes it natively, else fp32: emulated bf16 (a
 CPU without AVX512-BF16 or AMX, a CUDA device below compute capability 8.0 such as a T4 or
@@ -7,7 +7,12 @@ V100) is slower than fp32, so a run that asks for bf16 there computes in fp32 an
 ``tf32`` keeps fp32 tensors and lets CUDA's matrix multiplies round their inputs to
 TensorFloat-32 (fp32 elsewhere), inside training and a ``Translator``'s calls only
 (``matmul_precision``): torch's switch is the process's, and a notebook's own models keep
-theirs. ``auto`` is ``bf16`` on a CPU and ``CUDA_AUTO`` on CUDA.
+theirs. ``fp16`` is autocast to float16, the loss scaled (training/scaling.py): what fairseq's
+``--fp16``, OpenNMT-py and Joey NMT give GPUs without bf16. On a CPU it runs, with a note: a
+CPU without fp16 arithmetic (most of them) computes it many times slower than fp32, and the
+precision is there to test a GPU's config. ``auto`` is ``bf16`` on a CPU; on CUDA, ``fp16``
+below compute capability 8.0 (no bf16 and no TF32 in hardware) and ``CUDA_AUTO`` from 8.0 on.
+No record yet shows fp16 on a GPU: the choice below 8.0 follows those toolkits, unmeasured here.
 
 ``CUDA_AUTO`` awaits a paired run: no record yet times the trainer in tf32 and in bf16 on one
 machine, interleaved (the GPU issue, 61, measures it). On an H200
@@ -26,17 +31,19 @@ from collections.abc import Iterator
 
 import torch
 
-CUDA_AUTO = "tf32"  # what auto means on CUDA: provisional, until a paired run decides
+CUDA_AUTO = "tf32"  # what auto means on CUDA with bf16 and TF32: provisional, until a paired run
 # What environment.json (and numerics.yaml) call the precision a run computed in.
-BF16, FP32, TF32 = "bf16 autocast", "fp32", "fp32, TF32 matrix multiplies"
-PRECISIONS = (BF16, FP32, TF32)
+BF16, FP32, TF32, FP16 = "bf16 autocast", "fp32", "fp32, TF32 matrix multiplies", "fp16 autocast"
+PRECISIONS = (BF16, FP32, TF32, FP16)
 
 
 def resolved_precision(precision: str, device: torch.device) -> str:
     """``precision`` with ``auto`` replaced by what it means on ``device``."""
     if precision != "auto":
         return precision
-    return CUDA_AUTO if device.type == "cuda" else "bf16"
+    if device.type != "cuda":
+        return "bf16"
+    return CUDA_AUTO if native_bf16(device) else "fp16"  # TF32 came with bf16, in 8.0
 
 
 def wants_tf32(precision: str, device: torch.device) -> bool:
@@ -47,7 +54,7 @@ def wants_tf32(precision: str, device: torch.device) -> bool:
 def precision_name(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
     """What a run of ``precision`` (autocast to ``dtype``) computes in: one of PRECISIONS."""
     if dtype is not None:
-        return BF16
+        return FP16 if dtype == torch.float16 else BF16
     return TF32 if wants_tf32(precision, device) else FP32
 
 
@@ -102,15 +109,28 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """``torch.bfloat16`` when ``precision`` is (or on ``device`` resolves to) bf16 and
-    ``device`` has it natively, else None (fp32 tensors)."""
-    bf16 = resolved_precision(precision, device) == "bf16"
-    return torch.bfloat16 if bf16 and native_bf16(device) else None
+    """``torch.float16`` when ``precision`` is (or on ``device`` resolves to) fp16;
+    ``torch.bfloat16`` when it is bf16 and ``device`` has it natively; else None (fp32
+    tensors)."""
+    resolved = resolved_precision(precision, device)
+    if resolved == "fp16":
+        return torch.float16
+    return torch.bfloat16 if resolved == "bf16" and native_bf16(device) else None
+
+
+FP16_CPU_NOTE = (
+    " (note: fp16 is for GPUs without bf16; a CPU without fp16 arithmetic, most of them, "
+    "computes it many times slower than fp32)"
+)
 
 
 def describe_precision(precision: str, dtype: torch.dtype | None, device: torch.device) -> str:
     """What a run computes in, for its first line: ``bf16 autocast on cuda:0``, ``fp32 on cpu``,
-    with a note when bf16 was asked for (not ``auto``) and is not native on ``device``."""
+    with a note when bf16 was asked for (not ``auto``) and is not native on ``device``, and
+    when fp16 runs on a CPU."""
+    if dtype == torch.float16:
+        note = FP16_CPU_NOTE if device.type == "cpu" else ""
+        return f"fp16 autocast with loss scaling{note} on {device}"
     if dtype is not None:
         return f"bf16 autocast on {device}"
     if wants_tf32(precision, device):

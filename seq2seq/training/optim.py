@@ -152,9 +152,19 @@ class Optimizers:
         for part in self.parts:
             part.zero_grad(set_to_none=set_to_none)
 
-    def step(self) -> None:
+    def unscale(self, scaler: torch.amp.GradScaler) -> None:
+        """Every part's gradients divided by the loss scale, and checked for overflow
+        (nothing when ``scaler`` is off)."""
         for part in self.parts:
-            part.step()
+            scaler.unscale_(part)
+
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """Every part's step; through ``scaler`` when there is one (off, it only steps)."""
+        for part in self.parts:
+            if scaler is None:
+                part.step()
+            else:
+                scaler.step(part)
 
     def state_dict(self) -> dict[str, Any]:
         state, groups, offset = {}, [], 0

@@ -24,6 +24,7 @@ class TrainState:
     patience_best: float = -1.0  # best BLEU of the scheduled validations: what patience counts from
     bad_validations: int = 0  # scheduled validations since patience_best improved
     bad_steps: int = 0  # steps skipped for a NaN/Inf loss or gradient
+    scaler_skips: int = 0  # fp16 steps the loss scaler skipped: their gradients overflowed
     valid_step: int = -1  # the step last validated
     elapsed: float = 0.0  # seconds of training time, carried across resumes
     finished: bool = False  # the end-of-run scoring and averaging are done

@@ -25,12 +25,11 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm  # a widget in a notebook with ipywidgets, else text
 
-from seq2seq.config import Config, dropout_at, subword_alpha_at
-from seq2seq.data.batching import Batch, Prefetcher, TokenBatchSampler, collate
+from seq2seq.config import Config, dropout_at
+from seq2seq.data.batching import Batch, Buckets, Prefetcher, TokenBatchSampler, collate
 from seq2seq.data.prepare import Prepared
 from seq2seq.data.store import PairStore
-from seq2seq.data.subword import SAMPLED_DIR, EpochSampler
-from seq2seq.data.tokenizer import Tokenizer
+from seq2seq.data.subword import EpochSampler
 from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.model.transformer import Seq2Seq, build_model
@@ -52,6 +51,7 @@ from seq2seq.training.compiling import compile_errors, compiled, fallback, wants
 from seq2seq.training.ema import WeightEMA
 from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
 from seq2seq.training.prepare import prepare_data
+from seq2seq.training.scaling import LossScaling
 from seq2seq.training.state import TrainState, describe_dropout, describe_end, describe_subwords
 from seq2seq.training.validation import Validation
 
@@ -74,6 +74,7 @@ class Trainer:
         torch.manual_seed(config.train.seed)
         self.data = self._prepare_data()
         self.dtype = autocast_dtype(config.train.precision, runtime.device)
+        self.scaling = LossScaling(self.dtype, runtime.device)  # fp16's; off, it does nothing
         self._save_recipe()
         self.model, self.optimizer, self.schedule = self._build_model()
         self.state = self._restore()
@@ -81,8 +82,10 @@ class Trainer:
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
             write_environment(run_dir, runtime, config.train.precision, self.dtype, self.state.step)
         self.ddp, self.forward, self.compile_errors = self._forward()
+        self.buckets = Buckets.of_run(config, runtime.device)  # None: batches as they come
         self.use_pairs(self.data.train)
-        self.subwords = self._subword_sampler()
+        # the epochs' sampled segmentations, when data.subword_alpha is set
+        self.subwords = EpochSampler.of_run(config, self.data.train, run_dir)
         # metrics.jsonl (and TensorBoard's files); resuming, cut back to the state
         self.log = MetricsLog(
             run_dir, runtime.main, tensorboard, self.state.step if resume else None
@@ -118,13 +121,14 @@ class Trainer:
         return model, build_optimizer(model, self.config), inverse_sqrt(t.warmup_steps)
 
     def _restore(self) -> TrainState:
-        """Fresh counters; or, resuming, those of ``last.safetensors``, whose model and
-        optimizer states are loaded."""
+        """Fresh counters; or, resuming, those of ``last.safetensors``, whose model,
+        optimizer and loss scaler states are loaded."""
         if not self.resumed:
             return TrainState()
         counters = checkpoint.load_training_state(
             self.last_file(), self.model, self.optimizer, self.runtime.rank
         )
+        self.scaling.restore(counters)
         return TrainState.from_saved(counters)
 
     def _forward(self) -> tuple[nn.Module, Callable, tuple[type[BaseException], ...]]:
@@ -135,21 +139,6 @@ class Trainer:
         if wants_compile(self.config.train.compile, self.runtime.device):
             return ddp, compiled(ddp), compile_errors()
         return ddp, ddp, ()
-
-    def _subword_sampler(self) -> EpochSampler | None:
-        """The epochs' sampled segmentations, when ``data.subword_alpha`` is set: rank 0
-        samples into RUN/subword, every rank reads it."""
-        config = self.config
-        if not config.data.subword_alpha:
-            return None
-        return EpochSampler(
-            self.data.train,
-            Tokenizer.model_files(self.run_dir),
-            lambda epoch: subword_alpha_at(config, epoch),
-            config.train.seed,
-            config.data.max_len,
-            self.run_dir / SAMPLED_DIR,
-        )
 
     def _validation(self) -> Validation:
         """The run's validations: they score this model, move these counters, keep weights."""
@@ -186,6 +175,7 @@ class Trainer:
             + (f" x{self.runtime.world} processes" if self.runtime.world > 1 else "")
             + f"; a step takes {self.batches_per_step()} batch(es) of up to "
             + f"{self.config.data.max_tokens} tokens"
+            + (f", padded to {len(self.buckets.lengths)} shapes" if self.buckets else "")
             + ("; torch.compile" if self.compile_errors else "")
             + (f"; resuming at step {self.state.step}" if self.resumed else "")
         )
@@ -198,6 +188,7 @@ class Trainer:
             pairs.tgt_lengths + 1,
             self.config.data.max_tokens,
             self.config.train.seed,
+            buckets=self.buckets,
         )
 
     def batches_per_step(self) -> int:
@@ -274,7 +265,9 @@ class Trainer:
                     loss, n_tokens = self.uncompile(e, group, mine)
                 s.batch += len(group)
                 bar.update(len(group))
-                if math.isfinite(loss):
+                if loss is None:  # an fp16 overflow: skipped by the loss scaler
+                    s.scaler_skips = self.scaling.count_skip(s.scaler_skips)
+                elif math.isfinite(loss):
                     s.step += 1
                     self.after_step(loss, n_tokens, bar)
                 else:
@@ -313,20 +306,23 @@ class Trainer:
     # -- the steps -----------------------------------------------------------------------
 
     def my_batches(self, group: list[np.ndarray]) -> list[tuple[Batch, float]]:
-        """This process's share of a step's ``group`` of batches, padded (pinned for a GPU),
-        each with its loss weight: a process left without a batch at the end of an epoch
-        takes part with the first one at weight 0, so that every process steps together."""
+        """This process's share of a step's ``group`` of batches, padded (to its bucket's shape
+        with buckets; pinned for a GPU), each with its loss weight: a process left without a
+        batch at the end of an epoch takes part with the first one at weight 0, so that every
+        process steps together."""
         mine = group[self.runtime.rank :: self.runtime.world]
         weighted = [(idx, 1.0) for idx in mine] or [(group[0], 0.0)]
         pin = self.runtime.device.type == "cuda"
-        return [(collate(*self.train_pairs.pairs(idx)).pinned(pin), w) for idx, w in weighted]
+        pairs, buckets = self.train_pairs.pairs, self.buckets
+        return [(collate(*pairs(idx), buckets).pinned(pin), w) for idx, w in weighted]
 
     def train_step(
         self, group: list[np.ndarray], mine: list[tuple[Batch, float]]
-    ) -> tuple[float, int]:
+    ) -> tuple[float | None, int]:
         """One optimizer step over ``group`` (every process's batches, ``mine`` this one's);
-        returns the mean loss per target token over the whole step (NaN for a step skipped
-        for a non-finite loss or gradient) and its target token count."""
+        returns the mean loss per target token over the whole step and its target token
+        count: NaN for a step skipped for a non-finite loss or gradient, None for an fp16
+        step the loss scaler skipped (finite loss, overflowed scaled gradients)."""
         t, runtime = self.config.train, self.runtime
         # target tokens of the whole step, EOS included: what the loss averages over
         n_total = int(sum(self.sampler.tgt_lengths[idx].sum() for idx in group))
@@ -340,11 +336,13 @@ class Trainer:
             with no_sync, autocast(runtime.device, self.dtype):
                 logits = self.forward(batch.src, batch.tgt_in, check=False)  # no host read
                 loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
-            # DDP averages gradients over ranks, so each rank scales its sum by world / n_total.
-            (loss * runtime.world / n_total).backward()
+            # DDP averages gradients over ranks, so each rank scales its sum by world / n_total
+            # (and, in fp16, by the loss scale, which the gradients lose before clipping).
+            self.scaling.scale(loss * runtime.world / n_total).backward()
             loss_sum += loss.detach()
         if runtime.world > 1:
             dist.all_reduce(loss_sum)
+        self.scaling.unscale(self.optimizer)
         # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
         # with clipping off, an infinite max_norm measures without scaling). Both are read in
         # one transfer: the step's only wait for the device, which the skip decision needs.
@@ -353,16 +351,16 @@ class Trainer:
         mean_loss = loss_total / n_total
         if not (math.isfinite(mean_loss) and math.isfinite(norm)):
             self.optimizer.zero_grad(set_to_none=True)
-            return math.nan, n_total
+            return (None if self.scaling.overflowed(mean_loss) else math.nan), n_total
         used = budget.used(self.state, t, self.clock.agreed)  # the same on every rank
         self.optimizer.set_lr(self.schedule(self.state.step + 1) * cooldown(used, t.cooldown))
-        self.optimizer.step()
+        self.scaling.step(self.optimizer)
         self.ema.update(self.state.step + 1)
         return mean_loss, n_total
 
     def uncompile(
         self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
-    ) -> tuple[float, int]:
+    ) -> tuple[float | None, int]:
         """A compiled step failed to compile: the run ends, or says so and goes on eagerly
         from this same step, as ``compiling.fallback`` rules."""
         self.say(fallback(error, self.config.train.compile, self.state.step + 1))
@@ -388,7 +386,8 @@ class Trainer:
                 "tokens_per_s": rate,
                 "epoch": s.epoch,
             }
-            self.log.log("train", s.step, values | peak_memory(self.runtime.device))
+            values |= self.scaling.values(s.scaler_skips) | peak_memory(self.runtime.device)
+            self.log.log("train", s.step, values)
             self.tick, self.tick_tokens = time.monotonic(), 0
         if t.validate_every and s.step % t.validate_every == 0:
             self.validation.validate()
@@ -416,6 +415,7 @@ class Trainer:
             self.validation.replacing_weights()
             self.state.elapsed = self.clock.elapsed()
             counters = dataclasses.asdict(self.state)
+            counters |= self.scaling.saved()
             checkpoint.save_training_state(
                 self.last_file(), self.model, self.optimizer, counters, rng, self.ema.saved()
             )
