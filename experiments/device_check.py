@@ -19,18 +19,21 @@ record, which ``python -m experiments.records render`` reads as a device-check b
 explorer page, the GPU samples, the profile tables; no weights): two files, as a lent
 machine's ``$OUT`` takes few.
 
-The one call on a lent H200, after ``--cpu`` ran here (its wheels fetched here first: the
-machine has no internet and lacks sacremoses; ``.whl`` must be ignored by git, in
-``.git/info/exclude``, and is carried)::
+The one call on a lent H200, once the dry run (below) passed here. The machine has no
+internet and lacks sacremoses: fetch its wheel here into ``.whl`` (ignored by git, so it
+travels only when carried); the driver unpacks every wheel there with the standard library's
+zipfile into the scratch folder and puts that on every stage's PYTHONPATH, after this
+checkout. ``timeout_s`` 420 leaves a minute over the 360 s of stages; with the machine's
+start that is about 9 of a lease's 15 minutes, leaving one rerun of a short stage::
 
-    python3 -m pip download --no-deps sacremoses==0.2.0 -d .whl     # here, once
-    # the device tool: timeout_s 420, carry [".whl"], command:
+    echo /.whl/ >> .git/info/exclude                                   # here, once
+    python3 -m pip download --no-deps sacremoses==0.2.0 -d .whl        # here, once
+    # the device tool's run: timeout_s 420, carry [".whl"], command:
     python3 experiments/device_check.py --out $OUT/device-check
 
-Rerun one stage on the still-warm machine with ``--only readme`` (``--only`` takes names
-separated by commas; the scratch folder, ``--scratch``, keeps the main run between calls).
-The wheels under ``--wheels`` (default ``.whl``) are unpacked with the standard library's
-zipfile into the scratch folder, which goes on every stage's PYTHONPATH after this checkout.
+``--only readme`` (names separated by commas) reruns stages alone into the same record; the
+scratch folder (``--scratch``) keeps the main job's run for it while the machine stays warm,
+and on a fresh machine the readme stage trains a short run of its own first.
 
     python experiments/device_check.py --cpu --out /tmp/device-check   # the dry run, minutes here
 """
@@ -78,19 +81,12 @@ CPU_DEADLINES = {
     "readme": 300,
     "torchrun": 240,
 }
+# Every stage but env trains or decodes: none runs without these. Stage 0 imports sacremoses
+# too, which evaluate's literature-scale BLEU alone needs (the readme stage skips evaluate
+# without it), and looks up datasets (the Hub source's; importing it takes seconds).
 TRAINING = ("torch", "numpy", "sentencepiece", "sacrebleu", "matplotlib", "yaml", "tqdm")
 TRAINING += ("safetensors", "filelock")
-IMPORTS = {  # what each stage cannot run without
-    "env": (),
-    "rates": TRAINING,
-    "profile": TRAINING,
-    "main": TRAINING,
-    "readme": (*TRAINING, "sacremoses"),  # evaluate's literature-scale BLEU
-    "torchrun": TRAINING,
-}
-OPTIONAL = (
-    "datasets",
-)  # the Hub source alone: looked up (its import takes seconds), needed by no stage
+OPTIONAL = ("datasets",)
 SIZES = {  # steps: on a GPU (a step ~20 ms), and in the dry run (the tests' tiny run)
     "gpu": {"rates": {"warmup": 30, "block": 30, "pairs": 3}, "profile": {"warmup": 30}},
     "cpu": {"rates": {"warmup": 2, "block": 2, "pairs": 2}, "profile": {"warmup": 2}},
@@ -197,7 +193,8 @@ def blocked(stage: Stage, env: dict[str, Any], cpu: bool) -> str | None:
     if not cpu and env.get("cuda") is False:
         return "no CUDA device here"
     imports = env.get("imports", {})
-    missing = [m for m in IMPORTS[stage.name] if "error" in imports.get(m, {})]
+    needed = () if stage.name == "env" else TRAINING
+    missing = [m for m in needed if "error" in imports.get(m, {})]
     return f"needs {', '.join(missing)}, which did not import" if missing else None
 
 
@@ -261,10 +258,13 @@ def imports_found() -> dict[str, dict[str, str]]:
     import importlib.util
 
     found = {}
-    for name in dict.fromkeys(m for ms in IMPORTS.values() for m in ms):
+    for name in (*TRAINING, "sacremoses"):
         try:
             module = importlib.import_module(name)
-            found[name] = {"version": str(getattr(module, "__version__", "?"))}
+            found[name] = {  # from where: a carried wheel's copy, or the machine's
+                "version": str(getattr(module, "__version__", "?")),
+                "from": str(Path(module.__file__).parent.parent),
+            }
         except Exception as e:  # noqa: BLE001 -- any failure to import is the finding
             found[name] = {"error": f"{type(e).__name__}: {e}"}
     for name in OPTIONAL:

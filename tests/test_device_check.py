@@ -169,3 +169,16 @@ def test_the_dry_runs_record_renders_as_a_device_check_section(tmp_path):
     assert "GPU busy" not in dry and "no GPU read by nvidia-smi" in dry
     assert "NVIDIA H200" in lent and "GPU busy" in lent and "(first at trainer.py:341)" in lent
     assert "| serve | passed |" in dry and "| NCCL calls, one rank | passed |" in dry
+
+
+def test_a_stage_is_skipped_with_the_reason_stage_0_gives():
+    from experiments.device_check import blocked
+
+    env_stage, rates = (Stage(name, ["true"], 1) for name in ("env", "rates"))
+    no_torch = {"cuda": True, "imports": {"torch": {"error": "ModuleNotFoundError: torch"}}}
+    assert blocked(rates, no_torch, cpu=False) == "needs torch, which did not import"
+    assert blocked(env_stage, no_torch, cpu=False) is None
+    no_gpu = {"cuda": False, "imports": {"torch": {"version": "2.11"}}}
+    assert blocked(rates, no_gpu, cpu=False) == "no CUDA device here"
+    assert blocked(rates, no_gpu, cpu=True) is None  # the dry run wants none
+    assert blocked(rates, {}, cpu=False) is None  # stage 0 cut: nothing known, nothing skipped
