@@ -239,11 +239,17 @@ def sync_warnings(trainer: Trainer, groups: list[list[np.ndarray]]) -> dict[str,
 
 
 def profile_stage(
-    config: Config, scratch: Path, runtime: Runtime, sizes: dict[str, int], out: Path
-) -> dict[str, Any]:
+    config: Config,
+    scratch: Path,
+    runtime: Runtime,
+    sizes: dict[str, int],
+    out: Path,
+    write: Callable[[dict], None],
+) -> None:
     """Stage 2: one Trainer at ``config``'s precision, warmed up, then torch.profiler over
     ``sizes["steps"]`` steps (CPU, and CUDA on a GPU) and, on a GPU, ``sizes["sync_steps"]``
-    steps under sync debug mode. The top-20 tables are written into ``out`` too."""
+    steps under sync debug mode. The top-20 tables are written into ``out`` too; ``write``
+    gets the step's time first, before the profile's events are read (seconds on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     trainer = trainer_for(config, scratch / "profile", runtime)
@@ -254,15 +260,16 @@ def profile_stage(
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     with profile(activities=activities) as prof:
         block = timed_block(trainer, groups[warm : warm + steps])
-    averages = prof.key_averages()
     found: dict[str, Any] = {
         "precision": precision_name(config.train.precision, trainer.dtype, runtime.device),
         "steps": steps,
         "ms_per_step_profiled": round(1000 * block["seconds"] / steps, 3),
         "tokens_per_s_profiled": block["tokens_per_s"],
-        "per_step": step_counts(prof.events(), steps),
-        "top_cpu": top_rows(averages, "self_cpu_time_total"),
     }
+    write(found)
+    averages = prof.key_averages()
+    found["per_step"] = step_counts(prof.events(), steps)
+    found["top_cpu"] = top_rows(averages, "self_cpu_time_total")
     out.mkdir(parents=True, exist_ok=True)
     sorts = ["self_cpu_time_total", *(["self_cuda_time_total"] if cuda else [])]
     for sort in sorts:
@@ -272,4 +279,4 @@ def profile_stage(
         found["sync_debug"] = sync_warnings(trainer, groups[warm + steps :])
     else:
         found["top_device"] = found["sync_debug"] = "skipped (no cuda)"
-    return found
+    write(found)

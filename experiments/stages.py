@@ -9,13 +9,14 @@ leaves torch to its stages' children.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,8 @@ def run_stage(stage: Stage, left: float) -> dict[str, Any]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,
+        preexec_fn=os.setpgrp,  # a group of its own, in the check's session: a machine that
+        # ends the session's processes when a call returns ends the stage's too
     ) as child:
         try:
             out, err = child.communicate(timeout=deadline)
@@ -83,6 +85,9 @@ def run_stage(stage: Stage, left: float) -> dict[str, Any]:
             os.killpg(child.pid, signal.SIGKILL)
             out, err = child.communicate()  # what it printed until then
             status, rc = "timed out", None
+        except BaseException:  # the check itself stopped (Ctrl-C, SIGTERM): the stage with it
+            os.killpg(child.pid, signal.SIGKILL)
+            raise
     if stage.log is not None:
         stage.log.parent.mkdir(parents=True, exist_ok=True)
         stage.log.write_text(out + err, encoding="utf-8")
@@ -112,17 +117,50 @@ def run_stages(
     tag: str = "check",
 ) -> None:
     """Each stage in turn into ``results`` (by name), then ``save()``: skipped when a stage it
-    needs did not pass, when ``blocked`` says why not, or when under 5 s are left."""
-    for stage in stages:
-        left = time_left()
-        missing = [n for n in stage.needs if results.get(n, {}).get("status") != "passed"]
-        why = f"needs {', '.join(missing)}" if missing else blocked(stage)
-        if why is None and left < 5:
-            why = "no time left"
-        result = {"status": "skipped", "why": why} if why else run_stage(stage, left)
-        results[stage.name] = result
-        save()
-        print(f"{tag}: {stage.name}: {result['status']}", file=sys.stderr, flush=True)
+    needs did not pass, when ``blocked`` says why not, or when under 5 s are left. SIGTERM
+    meanwhile (a call's time limit) ends the stage running, then the check."""
+    with _terminated_as_exit():
+        for stage in stages:
+            try:
+                _run_one(stage, results, time_left, blocked, tag)
+            except (SystemExit, KeyboardInterrupt):
+                results[stage.name] = {"status": "stopped", "why": "the check was stopped"}
+                raise
+            finally:
+                save()
+
+
+def _run_one(
+    stage: Stage,
+    results: dict[str, dict],
+    time_left: Callable[[], float],
+    blocked: Callable[[Stage], str | None],
+    tag: str,
+) -> None:
+    """``stage`` run, or skipped with the reason, into ``results``; said on stderr."""
+    left = time_left()
+    missing = [n for n in stage.needs if results.get(n, {}).get("status") != "passed"]
+    why = f"needs {', '.join(missing)}" if missing else blocked(stage)
+    if why is None and left < 5:
+        why = "no time left"
+    result = {"status": "skipped", "why": why} if why else run_stage(stage, left)
+    results[stage.name] = result
+    print(f"{tag}: {stage.name}: {result['status']}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _terminated_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit inside this block (its default ends the process at once,
+    leaving a stage's group running); the handler as it was after it."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, saved)
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -182,3 +182,25 @@ def test_a_stage_is_skipped_with_the_reason_stage_0_gives():
     assert blocked(rates, no_gpu, cpu=False) == "no CUDA device here"
     assert blocked(rates, no_gpu, cpu=True) is None  # the dry run wants none
     assert blocked(rates, {}, cpu=False) is None  # stage 0 cut: nothing known, nothing skipped
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_check_stopped_by_sigterm_ends_the_stage_it_was_running(tmp_path):
+    # A call's time limit stops the check with SIGTERM: the stage's group must go too, or a
+    # training would run on, holding the GPU, into the next call.
+    pid_file = tmp_path / "stage.pid"
+    stage = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    check = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); "
+        "from experiments.stages import Stage, run_stages; "
+        f"run_stages([Stage('slow', [sys.executable, '-c', {stage!r}], 60)], {{}}, "
+        "lambda: None, lambda: 100.0)"
+    )
+    with subprocess.Popen([sys.executable, "-c", check], env=child_env()) as driver:
+        began = time.monotonic()
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() - began < 30, "the stage never started"
+            time.sleep(0.05)
+        driver.terminate()
+        assert driver.wait(timeout=30) == 128 + 15
+    assert not alive(int(pid_file.read_text()))
