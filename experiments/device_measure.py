@@ -271,7 +271,7 @@ def profile_stage(
     found["per_step"] = step_counts(prof.events(), steps)
     found["top_cpu"] = top_rows(averages, "self_cpu_time_total")
     out.mkdir(parents=True, exist_ok=True)
-    sorts = ["self_cpu_time_total", *(["self_cuda_time_total"] if cuda else [])]
+    sorts = ["self_cpu_time_total", *(["self_device_time_total"] if cuda else [])]
     for sort in sorts:
         (out / f"top20_{sort}.txt").write_text(averages.table(sort_by=sort, row_limit=20))
     if cuda:

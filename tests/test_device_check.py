@@ -115,6 +115,7 @@ def dry_run(out: Path, scratch: Path, *flags: str) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow  # two dry-run calls; the profile stage imports torch and trains
 def test_the_dry_run_cuts_a_stage_runs_the_next_and_reruns_one_alone(tmp_path):
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     done = dry_run(out, scratch, "--only", "env,profile", "--deadline", "env=1")
