@@ -20,85 +20,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # tests/ for the tiny run's settings
+sys.path[:0] = [str(REPO)]
 
-from helpers import TINY_RUN  # noqa: E402
+from experiments.stages import (  # noqa: E402
+    Stage,
+    dry_run,
+    run_stages,
+    scores,
+    training_summary,
+    write_json,
+)
 
 TOTAL_SECONDS = 360  # the whole check: a lent machine's 15 minutes hold it and a rerun
 SAMPLE = REPO / "data" / "sample"
-# --cpu: the same stages on the tests' tiny run, on the committed sample corpus, in seconds.
-DRY_RUN = [
-    *TINY_RUN,
-    "data.max_len=60",
-    "data.max_tokens=160",
-    "model.max_positions=64",
-    "train.valid_bleu_sentences=4",
-    "train.keep_last=0",
-    "train.average_last=0",
-    "train.max_steps=20",
-]
-
-
-@dataclass
-class Stage:
-    """One step of the check: a command for a child process, its deadline in seconds, and
-    what to read back from its files when it succeeds."""
-
-    name: str
-    command: list[str]
-    deadline: int
-    read: Callable[[], dict] | None = None
-    needs: list[str] = field(default_factory=list)  # stages that must have passed first
-
-
-def run_stage(stage: Stage, left: float) -> dict:
-    """``stage`` in a child process, cut at its deadline or at the check's time ``left``."""
-    from seq2seq.data.subword import worker_env  # this checkout first on PYTHONPATH
-
-    deadline = max(1, int(min(stage.deadline, left)))
-    began = time.monotonic()
-    try:
-        done = subprocess.run(
-            stage.command,
-            cwd=REPO,
-            env=worker_env(os.environ),
-            capture_output=True,
-            text=True,
-            timeout=deadline,
-        )
-        status = "passed" if done.returncode == 0 else "failed"
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as e:  # what it printed until then
-        status, rc = "timed out", None
-        out, err = (_text(s) for s in (e.stdout, e.stderr))
-    result = {
-        "status": status,
-        **({} if rc is None else {"rc": rc}),
-        "deadline_s": deadline,
-        "seconds": round(time.monotonic() - began, 1),
-        "tail": (out + err).strip().splitlines()[-8:],
-    }
-    if status == "passed" and stage.read is not None:
-        try:
-            result.update(stage.read())
-        except (OSError, ValueError, KeyError) as e:
-            result["status"] = "failed"
-            result["tail"].append(f"gpu_check: reading the stage's results: {e}")
-    return result
-
-
-def _text(output: bytes | str | None) -> str:
-    """A timed-out child's output so far: bytes on POSIX, whatever ``text=True`` asked for."""
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def environment(device: str) -> dict:
@@ -145,16 +84,10 @@ def decoding_stage(run_dir: Path, device: str, out: Path) -> None:
     out.write_text(json.dumps(found, indent=2) + "\n")
 
 
-def scores(path: Path) -> dict:
-    record = json.loads(path.read_text())
-    keep = ("bleu", "bleu_lowercased_tokenized", "chrf", "sentences", "beam", "stop_reasons")
-    return {k: record[k] for k in keep if k in record}
-
-
 def stages(args: argparse.Namespace, scratch: Path) -> list[Stage]:
     python, device = sys.executable, "cpu" if args.cpu else "cuda"
     run = scratch / "main-job"
-    tiny = [x for s in DRY_RUN for x in ("--set", s)] if args.cpu else []
+    tiny = [x for s in dry_run() for x in ("--set", s)] if args.cpu else []
     budget = ["--max-time", str(args.train_minutes)] if not args.cpu else []
     train = [python, "-m", "seq2seq", "train", "--src", "de", "--tgt", "en", "--out", str(run)]
     evaluate = [python, "-m", "seq2seq", "evaluate", str(run), "--split", "test"]
@@ -226,23 +159,6 @@ def stages(args: argparse.Namespace, scratch: Path) -> list[Stage]:
             0, Stage(f"made to fail: {args.fail}", [python, "-c", "raise SystemExit(3)"], 10)
         )
     return found
-
-
-def training_summary(run: Path) -> dict:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    valid = [r for r in rows if r.get("kind") == "valid"]
-    train = [r for r in rows if r.get("kind") == "train"]
-    rates = sorted(r["tokens_per_s"] for r in train if "tokens_per_s" in r)
-    return {
-        "steps": max((r["step"] for r in rows if "step" in r), default=0),
-        "best_valid_bleu": max((r["bleu"] for r in valid), default=None),
-        "median_tokens_per_s": rates[len(rates) // 2] if rates else None,
-        "cuda_peak_mb": max((r.get("cuda_peak_mb", 0) for r in rows), default=None),
-        "peak_rss_mb": max((r.get("peak_rss_mb", 0) for r in rows), default=None),
-        "precision": json.loads((run / "environment.json").read_text())["segments"][-1][
-            "precision"
-        ],
-    }
 
 
 def bench_summary(path: Path) -> dict:
@@ -319,8 +235,7 @@ def main() -> int:
 
     def write() -> None:
         record["seconds"] = round(time.monotonic() - began, 1)
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=2, default=str) + "\n")
+        write_json(args.json, record)
 
     try:
         record["environment"] = environment("cpu" if args.cpu else "cuda")
@@ -330,22 +245,19 @@ def main() -> int:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
-        for stage in stages(args, Path(scratch)):
-            left = args.total - (time.monotonic() - began)
-            missing = [
-                n for n in stage.needs if record["stages"].get(n, {}).get("status") != "passed"
-            ]
-            if missing:
-                result = {"status": "skipped", "why": f"needs {', '.join(missing)}"}
-            elif left < 5:
-                result = {"status": "skipped", "why": "no time left"}
-            else:
-                result = run_stage(stage, left)
-            record["stages"][stage.name] = result
+
+        def save() -> None:
             write()
-            print(f"gpu_check: {stage.name}: {result['status']}", file=sys.stderr, flush=True)
             if args.keep:
                 keep(Path(scratch), args.keep)
+
+        run_stages(
+            stages(args, Path(scratch)),
+            record["stages"],
+            save,
+            lambda: args.total - (time.monotonic() - began),
+            tag="gpu_check",
+        )
     write()
     print(summary(record))
     return 0

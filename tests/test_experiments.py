@@ -306,12 +306,3 @@ def test_gpu_check_dry_run_records_a_failing_stage_and_goes_on_within_its_time(t
     assert any(s["status"] in ("timed out", "skipped") for s in stages.values())
     assert record["seconds"] < 60 and record["environment"]["device"] == "cpu"
     assert all(name in done.stdout for name in stages)
-
-
-def test_gpu_check_cuts_a_stage_at_its_deadline_and_keeps_what_it_printed():
-    from experiments.gpu_check import Stage, run_stage
-
-    slow = [sys.executable, "-c", "import time; print('begun', flush=True); time.sleep(30)"]
-    result = run_stage(Stage("slow", slow, deadline=2), left=100)
-    assert result["status"] == "timed out" and result["seconds"] < 10
-    assert result["tail"] == ["begun"]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.records import BENCHMARK, RecordError
+from experiments.records.device import device_check, gpu_check
 from experiments.records.load import commit_of, read_json
 
 _TRAINED = ("environment", "model_config", "parameters", "precision")  # _model_line's fields
@@ -24,6 +25,7 @@ NEEDS = {
     "masks-memory": (*_TRAINED, "steps", "masks"),
     "masks-time": (*_TRAINED, "rounds", "steps_per_round", "masks"),
     "gpu-check": ("environment", "calls"),
+    "device-check": ("stages", "budget_s", "deadlines_s"),
     "training-memory": (*_TRAINED, "steps", "memory", "peak_growth_mb_per_step"),
 }
 
@@ -40,6 +42,7 @@ def speed_sections(folders: list[Path]) -> str:
         ("masks-memory", "Dropout masks: training memory", masks_memory),
         ("masks-time", "Dropout masks: step time", masks_time),
         ("gpu-check", "On a GPU: gpu_check", gpu_check),
+        ("device-check", "On a GPU: device_check", device_check),
         ("training-memory", "Memory through a training run", training_memory),
     ):
         found = [render(name, b) for name, b in loaded if b["benchmark"] == kind]
@@ -196,70 +199,6 @@ def _masks_section(name: str, b: dict[str, Any], how: str, columns: str, rows: l
     lines = [f"### `{name}`", "", f"{_model_line(b)}; {how}.{_quick(b)}{_command(b)}", ""]
     lines += [f"| mask | {columns} |", "|---|" + "---:|" * (columns.count("|") + 1), *rows]
     return "\n".join(lines)
-
-
-def gpu_check(name: str, b: dict[str, Any]) -> str:
-    """``experiments/gpu_check.py``'s records, a column per call: each stage's outcome and
-    seconds, the main job's steps and scores, bench_train's ratios."""
-    calls = b["calls"]
-    lines = [
-        f"### {name}",
-        "",
-        _gpu_line(b["environment"]),
-        "",
-        "| | " + " | ".join(f"call {i + 1} (code {c['code']})" for i, c in enumerate(calls)) + " |",
-        "|---|" + "---:|" * len(calls),
-    ]
-    stages = list(dict.fromkeys(s for c in calls for s in c["stages"]))
-    for stage in stages:
-        cells = []
-        for c in calls:
-            found = c["stages"].get(stage)
-            cells.append(
-                "—" if found is None else f"{found['status']}, {found.get('seconds', 0):.0f} s"
-            )
-        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
-
-    def row(label: str, read) -> None:
-        lines.append(f"| {label} | " + " | ".join(_or_dash(read, c) for c in calls) + " |")
-
-    row("main job: minutes", lambda c: f"{c['train_minutes']:g}")
-    row("main job: steps", lambda c: f"{c['stages']['main job']['metrics']['steps']:,}")
-    row("main job: precision", lambda c: c["stages"]["main job"]["metrics"]["precision"])
-    row(
-        "main job: median target tokens/s",
-        lambda c: f"{c['stages']['main job']['metrics']['median_tokens_per_s']:,.0f}",
-    )
-    row("test2016 BLEU, greedy", lambda c: f"{c['stages']['test BLEU greedy']['bleu']:.2f}")
-    row("test2016 BLEU, beam 5", lambda c: f"{c['stages']['test BLEU beam 5']['bleu']:.2f}")
-    row(
-        "bench_train eager: ours / best nn.Transformer",
-        lambda c: f"{c['stages']['bench_train eager']['speedup_vs_best_reference']:.2f}x",
-    )
-    row("check's seconds in all", lambda c: f"{c['seconds']:.0f}")
-    lines += [
-        "",
-        "Commands: " + "; ".join(f"call {i + 1}: `{c['command']}`" for i, c in enumerate(calls)),
-    ]
-    if b.get("note"):
-        lines += ["", b["note"]]
-    return "\n".join(lines)
-
-
-def _gpu_line(env: dict[str, Any]) -> str:
-    return (
-        f"{env.get('gpu', '?')} (compute capability {env.get('gpu_capability', '?')}), "
-        f"{env.get('cpu', '?')}, {env.get('threads', '?')} torch threads, "
-        f"torch {env.get('versions', {}).get('torch', '?')}, CUDA {env.get('cuda', '?')}, "
-        f"cuDNN {env.get('cudnn', '?')}; SDPA kernels on: {', '.join(env.get('sdpa_kernels', []))}"
-    )
-
-
-def _or_dash(read, call: dict[str, Any]) -> str:
-    try:
-        return read(call)
-    except (KeyError, TypeError):
-        return "—"
 
 
 def train_table(results: list[dict[str, Any]], peaks: dict[str, float]) -> str:
