@@ -311,3 +311,41 @@ def test_bad_input_is_one_line(run_dir, files, tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: "), err
     assert message.format(**paths) in err
+
+
+def test_the_experiment_writes_a_record_the_results_page_renders(run_dir, files, tmp_path, capsys):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "alignment_run", repo / "experiments/alignment/run.py"
+    )
+    experiment = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(experiment)
+    src, ref = files
+    gold, out = tmp_path / "gold.align", tmp_path / "record.json"
+    gold.write_text("0-0 1-1 2p2\n0-0 1-1\n", encoding="utf-8")
+    argv = ["--run", str(run_dir), "--src", str(src), "--ref", str(ref), "--gold", str(gold)]
+    assert experiment.main([*argv, "--json", str(out)]) == 0
+    record = json.loads(out.read_text(encoding="utf-8"))
+    maps = [row["map"] for row in record["attention"]]
+    assert maps == ["mean of every layer and head", "layer 1, mean of heads"] + [
+        f"layer 1, head {h}" for h in range(1, 5)
+    ]
+    # One link per target word: |A| is the target words, and the gold's counts are the file's.
+    for scores in [*record["attention"], record["influence"], record["diagonal"]]:
+        assert (scores["links"], scores["sure"], scores["possible"]) == (
+            record["target_words"],
+            4,
+            5,
+        )
+    # The mean of a layer's heads is the mean of everything in a one-layer model.
+    assert record["attention"][0] | {"map": 0} == record["attention"][1] | {"map": 0, "layer": None}
+    sys.path.insert(0, str(repo))
+    from experiments.records.notes import word_alignments
+
+    text = "\n".join(word_alignments(record))
+    assert f"| influence (occlusion) |  | {record['influence']['aer']:.3f} |" in text
+    assert f"({record['target_words']} target words)" in text
