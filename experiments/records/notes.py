@@ -134,6 +134,50 @@ def influence_precision(*records: dict[str, Any]) -> list[str]:
     return lines[:-1]
 
 
+def word_alignments(r: dict[str, Any]) -> list[str]:
+    """``experiments/alignment/run.py``: links from each attention map against those from
+    influence, and each against the hand-made gold."""
+    m = r["model"]
+    rows = [("attention: " + a["map"], a, f"{a['agreement']:.1%}") for a in r["attention"]]
+    rows += [
+        ("influence (occlusion)", r["influence"], ""),
+        ("diagonal, no model", r["diagonal"], ""),
+    ]
+    best = min(r["attention"], key=lambda a: a["aer"])
+    lines = [
+        f"{_machine(r['environment'])}; the run `{r['run']}` ({m['steps']} steps, weights "
+        f"{m['weights']}, validation BLEU {m['valid_bleu']:.1f}), teacher-forced on the "
+        f"{r['sentences']} reference translations of `{r['files']['ref']}` ({r['target_words']} "
+        f"target words), scored against `{r['files']['gold']}`, a gold alignment the project made "
+        f"by hand (not a published one). Command: {_command(r['command'])}.",
+        "",
+        "| links from | same source word as influence | AER | precision | recall |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, s, agree in rows:
+        lines.append(
+            f"| {name} | {agree} | {s['aer']:.3f} | {s['precision']:.3f} | {s['recall']:.3f} |"
+        )
+    lines += [
+        "",
+        f"Agreement counts the target words whose most influential source word is no tie "
+        f"({r['target_words'] - r['influence_ties']} of {r['target_words']}); chance, one source "
+        f"word drawn at random per target word: {r['chance_agreement']:.1%}. The lowest AER of "
+        f"an attention map: {best['map']}, {best['aer']:.3f}; influence's "
+        f"{r['influence']['aer']:.3f}; the diagonal's {r['diagonal']['aer']:.3f}, below that of "
+        f"{sum(a['aer'] > r['diagonal']['aer'] for a in r['attention'])} of the "
+        f"{len(r['attention'])} attention maps.",
+        "",
+        "What it shows: how often each map's most attended source word is the one whose hiding "
+        "lowers the word most, and how close each comes to one annotator's links on a couple of "
+        "dozen short sentences. What it does not: agreement with influence is not correctness "
+        "(occlusion is one measure of influence, with its own caveats), a low AER does not make "
+        "attention an explanation of why a word was written, and so few sentences of one "
+        "annotator on one small model rank the maps only roughly.",
+    ]
+    return lines
+
+
 def _loads(values: list[float]) -> str:
     return ", ".join(f"{v:.1f}" for v in values)
 
@@ -158,6 +202,11 @@ NOTES: list[tuple[str, tuple[str, ...], Callable[..., list[str]]]] = [
             "experiments/results/influence_precision_tour_avx2.json",
         ),
         influence_precision,
+    ),
+    (
+        "Word alignments: attention against influence and a hand-made gold",
+        ("experiments/results/alignment_deen.json",),
+        word_alignments,
     ),
 ]
 

@@ -2,9 +2,9 @@
 
 Here: the parser, ``main`` and the commands that make and inspect runs (``data``, ``train``,
 ``average``, ``plot``); the commands that use a trained run (``translate``, ``evaluate``,
-``attention``, ``serve``, ``export``) are in ``decode``, the options several share in
-``options``. Every user-facing failure is a ``Seq2SeqError``, printed here as one line with
-exit status 2.
+``attention``, ``serve``, ``export``) are in ``decode``, ``align`` in ``align``, the options
+several share in ``options``. Every user-facing failure is a ``Seq2SeqError``, printed here as
+one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from seq2seq.commands import decode
+from seq2seq.commands import align, decode
 from seq2seq.commands.options import (
     add_columns_option,
     add_device_option,
@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seq2seq {__version__}")
     # Options may sit between positionals in every subcommand (translate RUN --beam 5 TEXT).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_IntermixedParser)
-    for add in (_add_data, _add_train, _add_average, _add_plot, *decode.COMMANDS):
+    for add in (_add_data, _add_train, _add_average, _add_plot, *decode.COMMANDS, *align.COMMANDS):
         add(sub)
     return parser
 
