@@ -20,24 +20,21 @@ pyplot, so plotting needs no display and leaves matplotlib's global state alone.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import textwrap
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ft2font import FT2Font
 from matplotlib.image import AxesImage
 from matplotlib.patches import Polygon, Rectangle
 
+from seq2seq.drawing.fonts import font_families
 from seq2seq.drawing.map_stats import attention_stats
 from seq2seq.fileio import atomic_path, atomic_write_text
 
@@ -74,17 +71,6 @@ _LABEL_MAX_CHARS = 10
 _NUMBERS_FONT = {"fontsize": 6, "fontfamily": "DejaVu Sans Mono", "color": "0.2"}
 _NUMBERS_HEADER = "bits  EOS punct"  # over the columns of _numbers
 _SCALE_LABEL = "weight (one 0\u20131 scale for every map)"
-
-# Tried in order for characters DejaVu Sans lacks (Debian: fonts-noto-cjk, fonts-noto-core).
-_FALLBACK_FONTS = (
-    "Noto Sans CJK SC",
-    "Noto Sans CJK JP",
-    "Noto Sans",
-    "Noto Sans Arabic",
-    "Noto Sans Devanagari",
-    "Noto Sans Hebrew",
-    "Noto Sans Thai",
-)
 
 
 # --- checks and labels -------------------------------------------------------------------
@@ -163,47 +149,6 @@ def _label_step(n_tokens: int, length_in: float) -> int:
 
 def _short(token: str) -> str:
     return token if len(token) <= _LABEL_MAX_CHARS else token[: _LABEL_MAX_CHARS - 1] + "\u2026"
-
-
-# --- fonts -------------------------------------------------------------------------------
-
-
-@functools.cache
-def _font_chars(family: str) -> frozenset[int] | None:
-    """Code points the installed font ``family`` covers, or None if it is not installed."""
-    try:
-        path = font_manager.findfont(
-            font_manager.FontProperties(family=family), fallback_to_default=False
-        )
-    except ValueError:
-        return None
-    return frozenset(FT2Font(path).get_charmap())
-
-
-def font_families(tokens: Sequence[str]) -> list[str]:
-    """Font families that together cover the tokens' characters, DejaVu Sans first.
-
-    Warns naming the characters no installed font covers; those draw as empty boxes.
-    """
-    missing = {ord(c) for t in tokens for c in t if not c.isspace()}
-    missing -= _font_chars("DejaVu Sans") or frozenset()  # matplotlib ships DejaVu Sans
-    families = ["DejaVu Sans"]
-    for family in _FALLBACK_FONTS:
-        if not missing:
-            break
-        covered = _font_chars(family)
-        if covered is not None and missing & covered:
-            families.append(family)
-            missing -= covered
-    if missing:
-        chars = "".join(chr(c) for c in sorted(missing))
-        warnings.warn(
-            f"no installed font has glyphs for {chars!r}; they will draw as boxes. "
-            "Install a font that covers them (Debian: fonts-noto-cjk, fonts-noto-core); "
-            "if it is installed, delete matplotlib's font cache (~/.cache/matplotlib).",
-            stacklevel=3,  # the caller of plot_attention
-        )
-    return families
 
 
 # --- PNG / SVG ---------------------------------------------------------------------------

@@ -230,19 +230,11 @@ def _record(
     weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
     max_positions = model.config.max_positions
     max_len = max_output_length(src.shape[1], decode.max_len_a, decode.max_len_b, max_positions)
-    if reference is None:
-        decoding = (
-            "greedy search"
-            if decode.beam == 1
-            else f"beam search (beam {decode.beam}), the chosen hypothesis"
-        )
-    else:
-        decoding = TEACHER_FORCED
     return {
         "source": sentence,
         "reference": reference,
         "translation": one_line(tok.decode(chosen.tokens, "tgt")),
-        "decoding": decoding,
+        "decoding": _decoding(decode, teacher_forced=reference is not None),
         "teacher_forced": reference is not None,
         "beam": decode.beam,
         "ban_eos": decode.ban_eos and reference is None,
@@ -277,6 +269,15 @@ def _record(
         "tie_nats": None if occlusion is None else tie,
         "interventions": changes,
     }
+
+
+def _decoding(decode: DecodeConfig, teacher_forced: bool) -> str:
+    """How the record's output was found, in words."""
+    if teacher_forced:
+        return TEACHER_FORCED
+    if decode.beam == 1:
+        return "greedy search"
+    return f"beam search (beam {decode.beam}), the chosen hypothesis"
 
 
 def _self_attention(
