@@ -2,7 +2,8 @@
 
     python docs/make_screenshots.py runs/tour
 
-The cross-attention heatmaps are drawn by ``seq2seq attention``; the explorer page it writes
+The heatmaps (cross-attention, and the decoder's masked self-attention) are drawn by
+``seq2seq attention``; the explorer page it writes
 (``-o explorer.html``) and the page ``seq2seq serve`` answers (served here on a free port of
 127.0.0.1) are photographed in headless Chromium: Debian's ``/usr/bin/chromium`` driven by
 Playwright (``apt-get install chromium``; the dev extra installs Playwright, which downloads no
@@ -35,6 +36,7 @@ VIEWS = {
     "explorer_lines.png": "view=lines&step=3",
     "explorer_attention.png": ("view=heatmap&map=attention&step=11", "#view-heatmap"),
     "explorer_influence.png": ("view=heatmap&map=influence&step=11", "#view-heatmap"),
+    "explorer_self_attention.png": ("view=heatmap&kind=decoder&step=11", "#view-heatmap"),
 }
 SERVED = "serve_ban_eos.png"  # the served page with EOS banned, at its last step: max_len
 SERVED_FORM = {"text": SENTENCE, "max_len": "16", "ban_eos": "on"}
@@ -67,11 +69,14 @@ def attention(run: Path, *args: str) -> None:
 
 
 def heatmaps(run: Path, out: Path) -> list[Path]:
-    """The head mean of every layer, and the grid of every head."""
+    """The head mean of every layer, the grid of every head, and the decoder's masked
+    self-attention in layer 1."""
     mean, grid = out / "attention_mean.png", out / "attention_grid.png"
+    decoder = out / "attention_decoder.png"
     attention(run, "-o", str(mean))
     attention(run, "--layer", "all", "--head", "all", "-o", str(grid))
-    return [mean, grid]
+    attention(run, "--kind", "decoder", "--layer", "1", "-o", str(decoder))
+    return [mean, grid, decoder]
 
 
 def screenshots(run: Path, out: Path) -> list[Path]:

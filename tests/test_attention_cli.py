@@ -193,6 +193,8 @@ def inputs(tmp_path_factory):
         (["RUN", SENTENCE, "--layer", "3"], "--layer 3: the decoder has layers 1..2"),
         (["RUN", SENTENCE, "--layer", "0"], "--layer 0: the decoder has layers 1..2"),
         (["RUN", SENTENCE, "--head", "5"], "--head 5: the decoder has heads 1..4"),
+        (["RUN", SENTENCE, "--kind", "encoder", "--layer", "3"], "the encoder has layers 1..2"),
+        (["RUN", "  ", "--kind", "decoder"], "the sentence is empty"),
         (["RUN", SENTENCE, "--reference", ""], "--reference is empty"),
         (["RUN", SENTENCE, "-o", "attn.pdf"], "unknown format 'pdf'"),
         (["RUN", SENTENCE, "--max-len", "0"], "--max-len must be at least 1"),
@@ -342,7 +344,7 @@ def test_json_holds_the_influence_map_beside_the_attention(run_dir, tmp_path, ca
     # The table: each map's most-attended source token beside the most influential one, or
     # "tie"; the mean line counts agreement over the rows that are not ties.
     assert "  attended  " in stdout and "  influential" in stdout
-    first = f"  {0:>3}  {record['tgt_tokens'][0]}"
+    first = f"  {1:>3}  {record['tgt_tokens'][0]}"  # rows numbered from 1
     row = next(line for line in stdout.splitlines() if line.startswith(first))
     if len(tied[0]) == 1:
         assert row.split()[-2] == record["src_tokens"][record["most_influential"][0]]
@@ -392,3 +394,36 @@ def test_the_summary_counts_the_words_an_intervention_removed():
     report = {"records": [record, record], "interventions": ["mask:1"], "path": "x.json"}
     summary = format_summary(report)
     assert "0 of 2 words changed ([marked]), 2 of 4 of the original's changed or removed" in summary
+
+
+def test_kind_decoder_draws_the_masked_self_attention_rows_numbered_from_1(
+    run_dir, tmp_path, capsys
+):
+    record = run_json(run_dir, tmp_path, "--beam", "1")
+    capsys.readouterr()
+    path = tmp_path / "decoder.png"
+    args = ["--kind", "decoder", "--layer", "2", "--head", "1", "--beam", "1", "-o", str(path)]
+    assert main(["attention", str(run_dir), SENTENCE, *args]) == 0
+    inputs = record["decoder_tokens"]
+    assert inputs == ["<s>", *record["tgt_tokens"][:-1]]  # BOS, then the output before each step
+    width, height = figure_size(1, 1, len(inputs), len(inputs), causal=True)
+    assert png_size(path) == (math.floor(width * 100), math.floor(height * 100))
+    table = capsys.readouterr().out.splitlines()
+    start = table.index("decoder self-attention (masked), layer 2, head 1")
+    rows = [line.split()[:2] for line in table[start + 2 : start + 2 + len(inputs)]]
+    assert rows == [[str(n), t] for n, t in enumerate(inputs, start=1)]  # as steps and mask:N
+
+
+def test_json_holds_the_encoders_and_the_decoders_self_attention(run_dir, tmp_path):
+    for words in ([], ["--words"]):
+        record = run_json(run_dir, tmp_path, "--beam", "2", *words)
+        tk, tq = len(record["src_tokens"]), len(record["decoder_tokens"])
+        assert tq == len(record["tgt_tokens"])  # a row per step, a word per word
+        encoder, decoder = np.array(record["encoder_weights"]), np.array(record["decoder_weights"])
+        assert encoder.shape == (N_LAYERS, N_HEADS, tk, tk)
+        assert decoder.shape == (N_LAYERS, N_HEADS, tq, tq)
+        for w in (encoder, decoder):
+            np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-4)
+        later = np.triu(np.ones((tq, tq), dtype=bool), 1)
+        assert (decoder[..., later] == 0).all()  # never read: the causal mask
+        assert (decoder[..., ~later] > 0).all()  # every earlier position is read a little

@@ -17,7 +17,7 @@ from seq2seq.drawing.words import WORDS_NOTE
 from seq2seq.explorer.page import render_page
 from seq2seq.explorer.report import _tied_tokens, page_interventions
 from seq2seq.inspect import records as records_module
-from seq2seq.inspect.influence import TIE_NATS, influence_note, tie_nats
+from seq2seq.inspect.influence import TIE_NATS, agreement, influence_note, tie_nats
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
@@ -294,12 +294,12 @@ def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
         "#heatmap tbody tr", "trs => trs.map(tr => [...tr.querySelectorAll('td.num')]"
         ".map(td => td.textContent))",
     )  # fmt: skip
-    src = record["src_tokens"]
+    src, chosen = record["src_tokens"], selected_agreement(record)  # layer 1, head mean
     shown = {True: "yes", False: "no", None: "tie"}
     assert rows == [
         [src[a], _tied_tokens(src, tied), shown[same]]
         for a, tied, same in zip(
-            record["most_attended"], record["tied"], record["agree"], strict=True
+            chosen["most_attended"], chosen["tied"], chosen["agree"], strict=True
         )
     ]  # a tie: the tied tokens, as the command's table shows them
     page.dispatch_event("#heatmap td.w >> nth=0", "mousemove")
@@ -309,22 +309,30 @@ def test_heatmap_toggles_to_influence_with_its_own_legend(report, browser):
     assert page.inner_text("#map-title").startswith("layer 1, head mean")
 
 
+def selected_agreement(record: dict, layer: int = 1, head: int | None = None) -> dict:
+    """``influence.agreement`` of the cross-attention map the selectors choose (layer from 1;
+    head from 1, None: the mean), which the page's "most attended" follows."""
+    w = np.array(record["weights"])[layer - 1]  # (H, Tq, Tk)
+    attn = w.mean(axis=0) if head is None else w[head - 1]
+    return agreement(attn, np.array(record["influence"]), record["tie_nats"])
+
+
 def test_step_through_shows_whether_each_row_agrees(report, browser):
     url, records = report
     record = records[0]
     page = open_page(browser, url + "#view=step&step=4")
-    src, row = record["src_tokens"], 3
+    src, row, chosen = record["src_tokens"], 3, selected_agreement(record)
     text = page.inner_text("#step-agreement")
-    assert f"mean of every layer and head): {src[record['most_attended'][row]]};" in text
-    if record["agree"][row] is None:
+    assert f"(layer 1, head mean): {src[chosen['most_attended'][row]]};" in text
+    if chosen["agree"][row] is None:
         assert "a tie: drops within" in text
     else:
         assert f"most influential (occlusion): {src[record['most_influential'][row]]}" in text
-        assert ("the same position" in text) == record["agree"][row]
+        assert ("the same position" in text) == chosen["agree"][row]
     same = page.eval_on_selector_all(
         "#step-map tbody tr", "trs => trs.map(tr => tr.lastElementChild.textContent)"
     )
-    assert same == [{True: "yes", False: "no", None: "tie"}[a] for a in record["agree"]]
+    assert same == [{True: "yes", False: "no", None: "tie"}[a] for a in chosen["agree"]]
 
 
 def test_a_tied_row_says_it_is_a_tie(run_dir, tmp_path, browser, monkeypatch):
@@ -374,7 +382,10 @@ def test_the_written_page_holds_its_interventions_and_says_which(run_dir, browse
     page.select_option("#kind-select", "kept")
     assert "Not on this page: kept:2" in page.inner_text("#intervention-status")
     page.click("#mask-words button >> nth=2")  # a word: hiding it is not held either
-    assert "Not on this page: mask:3" in page.inner_text("#intervention-status")
+    status = page.inner_text("#intervention-status")
+    assert "Not on this page: mask:3" in status
+    assert f'seq2seq attention RUN "{SENTENCES[0]}" --intervene mask:3' in status  # how to get it
+    assert "seq2seq serve RUN" in status
     assert not page.is_visible("#intervention-result")
     page.click("#interventions tr[data-spec='uniform:all']")
     assert page.get_attribute("body", "data-spec") == "uniform:all"
@@ -388,3 +399,64 @@ def test_the_summary_prints_the_interventions_asked_for_not_the_pages(run_dir, t
     )
     printed = capsys.readouterr().out
     assert "intervention kept (greedy)" in printed and "uniform:1" not in printed
+
+
+def test_the_caption_is_the_first_thing_under_the_title(report, browser):
+    url, _ = report
+    page = open_page(browser, url)
+    page.set_default_timeout(10_000)
+    (caption,) = boxes(page, "#caption")
+    (controls,) = boxes(page, "#explorer .controls")
+    (title,) = boxes(page, "#page-title")
+    assert page.inner_text("#caption") == CAPTION
+    assert title["y"] < caption["y"] < controls["y"]  # above every selector and view
+    assert caption["y"] + caption["h"] < 900 / 3  # in the first third of the first screen
+
+
+def test_the_attention_selector_shows_self_attention_and_the_causal_mask(report, browser):
+    url, records = report
+    record = records[0]
+    page = open_page(browser, url + "#view=heatmap")
+    page.set_default_timeout(10_000)
+    assert not page.is_visible("#masked-legend")
+    page.select_option("#attention-select", "decoder")
+    assert page.get_attribute("body", "data-kind") == "decoder" and "kind=decoder" in page.url
+    assert page.inner_text("#map-title").startswith("decoder self-attention (masked), layer 1,")
+    tq = len(record["decoder_tokens"])
+    cells = page.eval_on_selector_all(
+        "#heatmap td.w", "tds => tds.map(td => [td.classList.contains('masked'), "
+        "td.style.background, +td.dataset.w])",
+    )  # fmt: skip
+    masked = np.triu(np.ones((tq, tq), dtype=bool), 1).ravel()
+    assert [m for m, _, _ in cells] == masked.tolist()  # right of the diagonal, and only there
+    assert all(not colour for m, colour, _ in cells if m)  # hatched, not coloured as 0
+    mean = np.array(record["decoder_weights"])[0].mean(axis=0)  # layer 1, head mean
+    np.testing.assert_allclose([w for _, _, w in cells], mean.ravel(), atol=1e-4)
+    assert page.is_visible("#masked-legend") and "causal mask" in page.inner_text("#masked-legend")
+    labels = page.eval_on_selector_all("#heatmap th.tgt", "ths => ths.map(th => th.textContent)")
+    assert labels == record["decoder_tokens"]
+
+    page.select_option("#attention-select", "encoder")
+    n_enc = len(record["encoder_weights"])
+    assert page.locator("#layer-select option").count() == n_enc  # the encoder's own layers
+    assert not page.is_visible("#masked-legend")
+    page.click(".tabs button[data-view=step]")  # the step-through stays cross-attention
+    assert "cross-attention" in page.inner_text("#step-kind-note")
+    assert shown_row(page, "#step-map")[0] == 0
+    page.click(".tabs button[data-view=model]")
+    assert page.locator("#model-grid canvas").count() == n_enc * (N_HEADS + 1)
+
+
+def test_most_attended_follows_the_layer_and_head_chosen(report, browser):
+    url, records = report
+    record = records[0]
+    page = open_page(browser, url + "#view=heatmap&map=influence&layer=2&head=1")
+    page.set_default_timeout(10_000)
+    header = page.inner_text("#heatmap thead")
+    assert "most attended (layer 2, head 1)" in header
+    attended = page.eval_on_selector_all(
+        "#heatmap tbody tr", "trs => trs.map(tr => tr.querySelector('td.num').textContent)"
+    )
+    chosen = selected_agreement(record, layer=2, head=1)
+    assert attended == [record["src_tokens"][j] for j in chosen["most_attended"]]
+    assert "(cross-attention, layer 2, head 1)" in page.inner_text("#map-summary")

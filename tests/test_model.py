@@ -390,3 +390,27 @@ def test_packed_attention_projections_start_as_q_k_v_initialised_apart():
     ):
         expected = torch.nn.init.xavier_uniform_(torch.empty(rows, c.d_model))
         assert torch.equal(block, expected)
+
+
+@pytest.mark.parametrize(("g", "d_latent"), [(4, None), (2, None), (4, 8)])
+def test_self_attention_weights_leave_the_outputs_identical_and_the_future_unread(g, d_latent):
+    model = tiny(g, d_latent, n_enc_layers=2)
+    src, tgt = tokens(2, 7), tokens(2, 5, seed=2)
+    src[1, 4:] = PAD_ID
+    mask = padding_mask(src)
+    encoder, decoder = model.self_attention(src, tgt)
+    memory, recorded = model._encode(src, mask, need_weights=True)
+    assert torch.equal(memory, model.encode(src, mask))  # recording changes nothing
+    assert [w.shape for w in encoder] == [(2, 4, 7, 7)] * 2  # (B, H, S, S) per encoder layer
+    assert all(torch.equal(a, b) for a, b in zip(encoder, recorded, strict=True))
+    logits, cross, own = model._decode(tgt, memory, mask, need_weights=True, need_self_weights=True)
+    assert torch.equal(logits, model(src, tgt))
+    assert torch.equal(
+        torch.stack(cross), torch.stack(model.decode(tgt, memory, mask, need_weights=True)[1])
+    )
+    assert [w.shape for w in decoder] == [(2, 4, 5, 5)] * 2  # (B, H, T, T) per decoder layer
+    for w in (*encoder, *decoder):
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    assert all((w[..., future] == 0).all() and (w[..., ~future] > 0).all() for w in decoder)
+    assert all((w[1, ..., 4:] == 0).all() for w in encoder)  # padding is never read

@@ -173,3 +173,19 @@ def test_the_latency_the_python_api_links_says_how_it_was_taken():
     results = (repo / "docs/results.md").read_text(encoding="utf-8")
     rendered = results.split("### The first explorer in a notebook")[1].split("\n## ")[0]
     assert "untrained" in rendered and "not an idle machine" in rendered
+
+
+def test_inspect_holds_the_self_attention_and_draws_any_kind(dog):
+    tq, tk = len(dog.tgt_tokens), len(dog.src_tokens)
+    assert dog.encoder_attention.shape[1:] == (N_HEADS, tk, tk)
+    assert dog.decoder_attention.shape == (N_LAYERS, N_HEADS, tq, tq)
+    assert dog.decoder_tokens == ["<s>", *dog.tgt_tokens[:-1]]
+    fig = dog.heatmap(layer=1, kind="decoder")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "decoder input (keys)" in texts and any("masked" in t for t in texts)
+    assert len([p for p in fig.axes[0].patches if p.get_hatch()]) == 1 + 1  # the map, the legend
+    assert any(t.startswith("Decoder self-attention (masked) of") for t in texts)
+    with pytest.raises(seq2seq.Seq2SeqError, match="--layer 9: the encoder has layers"):
+        dog.heatmap(layer=9, kind="encoder")
+    with pytest.raises(seq2seq.Seq2SeqError, match="--kind self: choose one of"):
+        dog.heatmap(kind="self")

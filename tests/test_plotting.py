@@ -15,6 +15,8 @@ from helpers import child_env
 from seq2seq.drawing.map_stats import attention_stats, is_punctuation
 from seq2seq.drawing.plotting import (
     CAPTION,
+    MASKED_LEGEND,
+    attention_figure,
     figure_size,
     font_families,
     plot_attention,
@@ -204,3 +206,43 @@ def test_json_round_trips_tokens_and_weights(tmp_path, weights):
     assert record["stop_reason"] == "eos"
     assert record["metadata"] == {"beam": 4}
     assert record["caption"] == CAPTION
+
+
+def text_boxes(fig) -> list[tuple[str, object]]:
+    """Every text of a drawn figure with its extent in pixels."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in fig.axes[0].texts]
+
+
+def test_a_single_maps_long_title_wraps_inside_the_figure():
+    title = (
+        "\u201c" + "Ein Mann fährt Fahrrad auf der Straße " * 2 + "\u201d \u2192 (greedy search)"
+    )
+    w = softmax_weights((1, 2, 3, 3))
+    fig = attention_figure(w, SRC[:3], TGT[:3], layers=[1], title=title)
+    ((shown, box),) = [(t, b) for t, b in text_boxes(fig) if "Mann" in t]
+    assert "\n" in shown and shown.replace("\n", " ") == title  # wrapped, nothing cut
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height
+
+
+def test_a_causal_map_hatches_the_masked_cells_and_says_so(tmp_path):
+    n = 5
+    w = np.tril(softmax_weights((2, 2, n, n)))  # a decoder's: nothing right of the diagonal
+    w /= w.sum(-1, keepdims=True)
+    tokens = ["<s>", *TGT[: n - 1]]
+    axes = ("decoder input (queries)", "decoder input (keys)")
+    fig = attention_figure(w, tokens, tokens, layers=[1, 2], axes=axes, causal=True)
+    hatched = [p for p in fig.axes[0].patches if p.get_hatch()]
+    assert len(hatched) == 2 + 1  # one patch a map, one swatch in the legend
+    x, y = np.asarray(hatched[0].get_xy()).T  # in inches: a staircase above the diagonal
+    area = abs(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))) / 2  # shoelace
+    x0, x1, y0, y1 = fig.axes[0].images[0].get_extent()  # the first map's, in inches
+    cell = abs((x1 - x0) * (y1 - y0)) / n**2
+    assert area == pytest.approx(cell * n * (n - 1) / 2)  # the masked cells, no more
+    texts = [t for t, _ in text_boxes(fig)]
+    assert MASKED_LEGEND in (t.replace("\n", " ") for t in texts) and set(axes) <= set(texts)
+    assert fig.get_size_inches().tolist() == list(figure_size(1, 2, n, n, causal=True))
+    assert figure_size(1, 2, n, n, causal=True)[1] == figure_size(1, 2, n, n)[1] + 0.5
+    with pytest.raises(ValueError, match="square"):
+        attention_figure(w[..., :-1], tokens[:-1], tokens, causal=True)

@@ -453,7 +453,8 @@ def test_an_internal_error_is_a_generic_page_and_logged(translator, monkeypatch,
 def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(translator, monkeypatch):
     """With EOS banned every output runs to max_len, so the page's map of a hypothesis holds
     exactly the weights the cap counts for it: the cap takes beam hypotheses of that size,
-    plus one occlusion pass per source subword with influence, and refuses one weight more."""
+    plus one occlusion pass per source subword with influence, plus the chosen output's
+    self-attention (encoder and decoder), and refuses one weight more."""
     decoded = []
 
     def recording(*args, **kwargs):
@@ -469,6 +470,8 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
         (records,) = decoded
         hypothesis = sum(r["weights"].size for r in records)  # (L, H, 20, S) each
         occluded = sum(r["weights"].size * len(r["src_tokens"]) for r in records)
+        own = sum(r["encoder_weights"].size + r["decoder_weights"].size for r in records)
+        assert all(r["decoder_weights"].shape[2:] == (20, 20) for r in records)
 
         def refused(body: str, cap: int) -> bool:
             monkeypatch.setattr(live, "MAX_WEIGHTS", cap)
@@ -477,12 +480,13 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
             assert status == 200 or f"at most {cap:,} at a time" in error_shown(page)
             return status == 400
 
-        assert not refused(f"{form}20&beam=2", 2 * hypothesis)
-        assert refused(f"{form}20&beam=2", 2 * hypothesis - 1)
-        assert refused(f"{form}20&beam=2", hypothesis)  # a cap blind to the beam let it pass
-        assert refused(f"{form}21&beam=2", 2 * hypothesis)
-        assert not refused(f"{form}20&beam=1&influence=on", hypothesis + occluded)
-        assert refused(f"{form}20&beam=1&influence=on", hypothesis + occluded - 1)
+        assert not refused(f"{form}20&beam=2", 2 * hypothesis + own)
+        assert refused(f"{form}20&beam=2", 2 * hypothesis + own - 1)
+        assert refused(f"{form}20&beam=2", hypothesis + own)  # a cap blind to the beam let it pass
+        assert refused(f"{form}20&beam=2", 2 * hypothesis)  # or blind to the self-attention
+        assert refused(f"{form}21&beam=2", 2 * hypothesis + own)
+        assert not refused(f"{form}20&beam=1&influence=on", hypothesis + occluded + own)
+        assert refused(f"{form}20&beam=1&influence=on", hypothesis + occluded + own - 1)
     assert len(decoded) == 3  # the refused requests decoded nothing
 
 

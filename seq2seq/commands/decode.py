@@ -51,7 +51,10 @@ ATTENTION_DESCRIPTION = (
     "Translate SENTENCE, or each line of -i FILE, with a trained run and draw the "
     "decoder's cross-attention of the output it produced (under beam search, the chosen "
     "hypothesis): rows are target subwords (queries, with the EOS step), columns source "
-    "subwords (keys, with EOS). PNG/SVG: the maps --layer and --head choose, with each row's "
+    "subwords (keys, with EOS); or, --kind encoder, the encoder's self-attention (source over "
+    "source), or --kind decoder, the decoder's masked self-attention (its inputs, BOS then "
+    "the output, over themselves; the causal mask drawn hatched). "
+    "PNG/SVG: the maps --kind, --layer and --head choose, with each row's "
     "entropy (bits) and mass on EOS and punctuation (also on stdout, with the source token "
     "each row attends to most beside the one whose hiding from cross-attention lowers the "
     "row's token most: influence by occlusion). HTML: a self-contained "
@@ -59,8 +62,8 @@ ATTENTION_DESCRIPTION = (
     "the five most likely tokens, P(EOS), where and why the loop stopped), the heatmap "
     "(attention, or influence), a line view, a model view and interventions (uniform and "
     "permuted weights in each layer and in all, and any --intervene), with a sentence "
-    "picker. JSON: one record per sentence per line, with the influence map. Layers, heads "
-    "and steps are numbered from 1."
+    "picker and a choice of attention. JSON: one record per sentence per line, with the "
+    "influence map and the self-attention. Layers, heads, steps and rows are numbered from 1."
 )
 
 
@@ -133,13 +136,22 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_map_choice(p: argparse.ArgumentParser) -> None:
-    """--layer and --head: the maps a PNG or SVG draws and the table prints."""
+    """--kind, --layer and --head: the maps a PNG or SVG draws and the table prints."""
+    p.add_argument(
+        "--kind",
+        choices=("cross", "encoder", "decoder"),
+        default="cross",
+        help="which attention: cross (the decoder reading the source; fairseq's encoder_attn), "
+        "encoder (the encoder's self-attention), decoder (the decoder's masked "
+        "self-attention), as Hugging Face names them (cross_attentions, encoder_attentions, "
+        "decoder_attentions) (default: cross)",
+    )
     p.add_argument(
         "--layer",
         type=_layer_arg,
         default="all",
         metavar="L|all",
-        help="decoder layer, 1 = first (default: all)",
+        help="layer (of the decoder; of the encoder with --kind encoder), 1 = first (default: all)",
     )
     p.add_argument(
         "--head",
@@ -179,6 +191,7 @@ def _run_attention(args: argparse.Namespace) -> int:
             references=references,
             layer=args.layer,
             head=args.head,
+            kind=args.kind,
             beam=args.beam,
             max_len=args.max_len,
             ban_eos=args.ban_eos,
@@ -193,7 +206,7 @@ def _run_attention(args: argparse.Namespace) -> int:
     warned = [str(w.message) for w in caught]  # e.g. no installed font: glyphs draw as boxes
     for message in warned + [note for r in report["records"] for note in r["notes"]]:
         print(f"warning: {message}", file=sys.stderr)
-    print(format_summary(report, args.layer, args.head))
+    print(format_summary(report, args.layer, args.head, args.kind))
     return 0
 
 

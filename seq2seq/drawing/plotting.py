@@ -1,13 +1,15 @@
-"""Cross-attention heatmaps (PNG, SVG) and a JSON dump; the HTML explorer is ``explorer/page.py``.
+"""Attention heatmaps (PNG, SVG) and a JSON dump; the HTML explorer is ``explorer/page.py``.
 
 No model imports: every function takes numpy arrays and token lists, so the trainer, the
 ``seq2seq attention`` command and tests all call the same code.
 
 Shapes (letters used below):
-    L  decoder layers      H  heads
-    Tq target positions (queries, including the EOS step)
-    Tk source positions (keys, including EOS)
-    ``weights`` is always (L, H, Tq, Tk); each row over Tk sums to 1.
+    L  layers              H  heads
+    Tq queries (cross-attention: target positions, including the EOS step)
+    Tk keys (cross-attention: source positions, including EOS)
+    ``weights`` is always (L, H, Tq, Tk); each row over Tk sums to 1. Cross-attention is the
+    default; a self-attention map names its axes (``axes``), and a decoder's is ``causal``:
+    a query never reads a later key, and those cells are drawn hatched, not as weights of 0.
 
 Layers and heads are numbered from 1 everywhere a person sees or passes them (titles,
 ``layers=``, ``heads=``).
@@ -18,34 +20,36 @@ pyplot, so plotting needs no display and leaves matplotlib's global state alone.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import textwrap
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from matplotlib import font_manager
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ft2font import FT2Font
 from matplotlib.image import AxesImage
-from matplotlib.patches import Rectangle
+from matplotlib.patches import Polygon, Rectangle
 
+from seq2seq.drawing.fonts import font_families
 from seq2seq.drawing.map_stats import attention_stats
 from seq2seq.fileio import atomic_path, atomic_write_text
 
 CAPTION = (
-    "Attention weights show where each target position read from, not why the model "
+    "Attention weights show where each query (a row) read from, not why the model "
     "produced a token; different layers, heads and seeds can look different for the "
     "same output."
 )
 
 HeadSelection = Literal["mean", "all"] | int
+CROSS_AXES = ("target (queries)", "source (keys)")  # rows, columns
+MASKED_LEGEND = (
+    "masked: a later position, which the causal mask hides from the query (not a weight of 0)"
+)
+_MASKED = {"facecolor": "0.82", "edgecolor": "0.45", "hatch": "////", "lw": 0.0}
 
 # Layout in inches. Every size is a multiple of 1/4 inch, so width * dpi is exact and the
 # PNG size is predictable (see figure_size).
@@ -67,17 +71,6 @@ _LABEL_MAX_CHARS = 10
 _NUMBERS_FONT = {"fontsize": 6, "fontfamily": "DejaVu Sans Mono", "color": "0.2"}
 _NUMBERS_HEADER = "bits  EOS punct"  # over the columns of _numbers
 _SCALE_LABEL = "weight (one 0\u20131 scale for every map)"
-
-# Tried in order for characters DejaVu Sans lacks (Debian: fonts-noto-cjk, fonts-noto-core).
-_FALLBACK_FONTS = (
-    "Noto Sans CJK SC",
-    "Noto Sans CJK JP",
-    "Noto Sans",
-    "Noto Sans Arabic",
-    "Noto Sans Devanagari",
-    "Noto Sans Hebrew",
-    "Noto Sans Thai",
-)
 
 
 # --- checks and labels -------------------------------------------------------------------
@@ -124,7 +117,7 @@ def _map_size(n_rows: int, n_cols: int, tq: int, tk: int) -> tuple[float, float]
 
 
 def figure_size(
-    n_rows: int, n_cols: int, tq: int, tk: int, note: bool = False
+    n_rows: int, n_cols: int, tq: int, tk: int, note: bool = False, causal: bool = False
 ) -> tuple[float, float]:
     """Figure (width, height) in inches for a grid of n_rows × n_cols heatmaps of Tq × Tk.
 
@@ -137,16 +130,15 @@ def figure_size(
     Sizes are multiples of 1/4 inch, so ``width * dpi`` is exact: the PNG written by
     ``plot_attention`` is ``floor(width * dpi)`` × ``floor(height * dpi)`` pixels (no tight
     bounding box), which is ``round(...)`` for any dpi divisible by 4 (72, 100, 200, 300).
-    A ``note`` under the caption adds half an inch.
+    A ``note`` under the caption adds half an inch, and so does the legend of a ``causal``
+    map's masked cells.
     """
     map_w, map_h = _map_size(n_rows, n_cols, tq, tk)
     width = _LEFT_IN + n_cols * (map_w + _SIDE_IN)
     height = (
         _SUPTITLE_IN + _SCALE_IN + n_rows * (_PANEL_TITLE_IN + map_h) + _BOTTOM_IN + _CAPTION_IN
     )
-    if note:
-        height += _NOTE_IN
-    return width, height
+    return width, height + _NOTE_IN * (note + causal)
 
 
 def _label_step(n_tokens: int, length_in: float) -> int:
@@ -157,47 +149,6 @@ def _label_step(n_tokens: int, length_in: float) -> int:
 
 def _short(token: str) -> str:
     return token if len(token) <= _LABEL_MAX_CHARS else token[: _LABEL_MAX_CHARS - 1] + "\u2026"
-
-
-# --- fonts -------------------------------------------------------------------------------
-
-
-@functools.cache
-def _font_chars(family: str) -> frozenset[int] | None:
-    """Code points the installed font ``family`` covers, or None if it is not installed."""
-    try:
-        path = font_manager.findfont(
-            font_manager.FontProperties(family=family), fallback_to_default=False
-        )
-    except ValueError:
-        return None
-    return frozenset(FT2Font(path).get_charmap())
-
-
-def font_families(tokens: Sequence[str]) -> list[str]:
-    """Font families that together cover the tokens' characters, DejaVu Sans first.
-
-    Warns naming the characters no installed font covers; those draw as empty boxes.
-    """
-    missing = {ord(c) for t in tokens for c in t if not c.isspace()}
-    missing -= _font_chars("DejaVu Sans") or frozenset()  # matplotlib ships DejaVu Sans
-    families = ["DejaVu Sans"]
-    for family in _FALLBACK_FONTS:
-        if not missing:
-            break
-        covered = _font_chars(family)
-        if covered is not None and missing & covered:
-            families.append(family)
-            missing -= covered
-    if missing:
-        chars = "".join(chr(c) for c in sorted(missing))
-        warnings.warn(
-            f"no installed font has glyphs for {chars!r}; they will draw as boxes. "
-            "Install a font that covers them (Debian: fonts-noto-cjk, fonts-noto-core); "
-            "if it is installed, delete matplotlib's font cache (~/.cache/matplotlib).",
-            stacklevel=3,  # the caller of plot_attention
-        )
-    return families
 
 
 # --- PNG / SVG ---------------------------------------------------------------------------
@@ -241,8 +192,11 @@ def _draw_panel(
     fonts: list[str],
     label_src: bool,
     label_tgt: bool,
+    axes: tuple[str, str] = CROSS_AXES,
+    causal: bool = False,
 ) -> AxesImage:
-    """One heatmap with its title, per-row numbers and, if asked, its tick labels.
+    """One heatmap with its title, per-row numbers and, if asked, its tick labels;
+    ``axes`` names its rows and columns, and ``causal`` hatches the cells the mask hides.
 
     ``canvas`` spans the figure in inches from its top-left corner (see ``_canvas``);
     ``origin_in`` is the panel's top-left corner there: its title band, then the map;
@@ -266,6 +220,8 @@ def _draw_panel(
         aspect="auto",
         interpolation="nearest",
     )
+    if causal:
+        canvas.add_patch(Polygon(_above_diagonal(x0, top, cell_w, cell_h, tq), **_MASKED))
     canvas.add_patch(Rectangle((x0, top), map_w, map_h, fill=False, lw=0.5))
     text(x0, origin_in[1] + 0.2, title, fontsize=8, va="top")  # below the mean line above
 
@@ -275,13 +231,13 @@ def _draw_panel(
         for j in range(0, tk, _label_step(tk, map_w)):
             text(x0 + (j + 0.5) * cell_w, top + map_h + 0.04, _short(src_tokens[j]),
                  rotation=90, ha="center", va="top", **label)  # fmt: skip
-        text(x0 + map_w / 2, top + map_h + 0.6, "source (keys)", ha="center", va="top",
+        text(x0 + map_w / 2, top + map_h + 0.6, axes[1], ha="center", va="top",
              fontsize=_TICK_PT)  # fmt: skip
     if label_tgt:
         for i in rows:
             text(x0 - 0.04, top + (i + 0.5) * cell_h, _short(tgt_tokens[i]), ha="right",
                  va="center", **label)  # fmt: skip
-        text(x0 - _LEFT_IN + 0.05, top + map_h / 2, "target (queries)", rotation=90,
+        text(x0 - _LEFT_IN + 0.05, top + map_h / 2, axes[0], rotation=90,
              va="center", fontsize=_TICK_PT)  # fmt: skip
 
     # One monospaced line per labelled row, so the three columns line up.
@@ -295,6 +251,30 @@ def _draw_panel(
     mean = _numbers(stats["mean_entropy"], stats["mean_eos_mass"], stats["mean_punct_mass"])
     text(x, top + map_h + 0.04, mean + " mean", va="top", **_NUMBERS_FONT)
     return image
+
+
+def _above_diagonal(
+    x0: float, top: float, cell_w: float, cell_h: float, n: int
+) -> list[tuple[float, float]]:
+    """The staircase outline of an n x n map's cells (i, j > i), from its top-right corner:
+    one patch for every masked cell, not one per cell."""
+    corners = [(x0 + n * cell_w, top)]
+    for i in range(n - 1):
+        x = x0 + (i + 1) * cell_w
+        corners += [(x, top + i * cell_h), (x, top + (i + 1) * cell_h)]
+    return [*corners, (x0 + n * cell_w, top + (n - 1) * cell_h)]
+
+
+def _title_lines(title: str, fig_w: float) -> tuple[list[str], int]:
+    """The figure's title wrapped to its width, and the font size that fits it in the title
+    band: 10 pt on up to two lines, else smaller, else cut with an ellipsis. A single map's
+    figure is narrower than a sentence pair's title."""
+    for size, most in ((10, 2), (8, 3), (7, 3)):
+        # ~0.6 em per character of DejaVu Sans; a margin of 0.1 inch each side
+        lines = textwrap.wrap(title, width=max(10, int((fig_w - 0.2) * 72 / (0.6 * size))))
+        if len(lines) <= most:
+            return lines, size
+    return [*lines[:2], lines[2][:-1] + "\u2026"], size
 
 
 def _canvas(fig: Figure) -> Axes:
@@ -321,17 +301,20 @@ def plot_attention(
     dpi: int = 100,
     fmt: str | None = None,
     note: str = "",
+    axes: tuple[str, str] = CROSS_AXES,
+    causal: bool = False,
 ) -> Path:
-    """Draw cross-attention heatmaps (``attention_figure``) to a PNG or SVG file and return
-    its path. The format comes from ``fmt`` or the path's suffix.
+    """Draw attention heatmaps (``attention_figure``) to a PNG or SVG file and return its
+    path. The format comes from ``fmt`` or the path's suffix.
     """
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".")).lower()
     if fmt not in ("png", "svg"):
         raise ValueError(f"format must be png or svg, got {fmt!r} (from fmt= or the suffix)")
     fig = attention_figure(
-        weights, src_tokens, tgt_tokens, layers=layers, heads=heads, title=title, dpi=dpi, note=note
-    )
+        weights, src_tokens, tgt_tokens, layers=layers, heads=heads, title=title, dpi=dpi,
+        note=note, axes=axes, causal=causal,
+    )  # fmt: skip
     with atomic_path(path) as tmp:
         # zlib level 1: a tenth of the default's time on these mostly flat images, for
         # files about a third larger.
@@ -350,8 +333,11 @@ def attention_figure(
     title: str = "",
     dpi: int = 100,
     note: str = "",
+    axes: tuple[str, str] = CROSS_AXES,
+    causal: bool = False,
 ) -> Figure:
-    """Cross-attention heatmaps as a matplotlib ``Figure`` (Agg canvas, no pyplot).
+    """Attention heatmaps as a matplotlib ``Figure`` (Agg canvas, no pyplot): cross-attention,
+    or a self-attention map whose ``axes`` (rows, columns) say what they are.
 
     ``layers`` picks layer numbers (1-based; None = all). ``heads="mean"`` draws one
     panel per layer, averaged over heads; an int draws that head (1-based) of each layer;
@@ -359,18 +345,22 @@ def attention_figure(
     Every panel uses the same 0-1 colour scale, shown once by the colour bar at the top.
     Beside each map: the entropy (bits), EOS mass and punctuation mass of each labelled
     row. Size: see ``figure_size``.
-    ``note`` (e.g. how subwords were merged into words) follows the caption.
+    ``note`` (e.g. how subwords were merged into words) follows the caption. ``causal``
+    (a decoder's self-attention, Tq = Tk): the cells a query may not read, right of the
+    diagonal, are hatched grey, with a legend under the caption.
 
     Shapes:
         weights: (L, H, Tq, Tk); src_tokens: Tk tokens; tgt_tokens: Tq tokens.
     """
     w = _check_weights(weights, src_tokens, tgt_tokens)
+    if causal and len(src_tokens) != len(tgt_tokens):
+        raise ValueError(f"a causal map is square, got {w.shape[2:]}")
     panels = select_maps(w, layers, heads)
     tq, tk = w.shape[2:]
     n_rows, n_cols = len(panels), len(panels[0])
     fonts = font_families([*src_tokens, *tgt_tokens, title])
 
-    fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk, bool(note)), dpi=dpi)
+    fig = Figure(figsize=figure_size(n_rows, n_cols, tq, tk, bool(note), causal), dpi=dpi)
     FigureCanvasAgg(fig)
     canvas = _canvas(fig)
     map_in = _map_size(n_rows, n_cols, tq, tk)
@@ -382,13 +372,14 @@ def attention_figure(
             label = _panel_title(layer, head, tq, tk)
             image = _draw_panel(
                 canvas, origin, map_in, attn, src_tokens, tgt_tokens, label, fonts,
-                label_src=r == n_rows - 1, label_tgt=c == 0,
+                label_src=r == n_rows - 1, label_tgt=c == 0, axes=axes, causal=causal,
             )  # fmt: skip
 
     fig_w, fig_h = fig.get_size_inches()
     if title:
-        canvas.text(fig_w / 2, _SUPTITLE_IN / 2, title, ha="center", va="center", fontsize=10,
-                    fontfamily=fonts)  # fmt: skip
+        lines, size = _title_lines(title, fig_w)
+        canvas.text(fig_w / 2, _SUPTITLE_IN / 2, "\n".join(lines), ha="center", va="center",
+                    fontsize=size, fontfamily=fonts, linespacing=1.1)  # fmt: skip
     bar_w = min(2.5, fig_w - _LEFT_IN - 0.25)
     bar_ax = fig.add_axes(
         (_LEFT_IN / fig_w, 1 - (_SUPTITLE_IN + 0.12) / fig_h, bar_w / fig_w, 0.12 / fig_h)
@@ -401,9 +392,19 @@ def attention_figure(
     # ~0.5 em per character at 8 pt decides where the caption wraps.
     caption = textwrap.fill(f"{CAPTION} {note}".strip(), width=max(40, int(fig_w * 72 / 4.4)))
     caption_in = _CAPTION_IN + (_NOTE_IN if note else 0.0)
-    canvas.text(fig_w / 2, fig_h - caption_in / 2, caption, ha="center", va="center",
-                fontsize=8, color="0.25")  # fmt: skip
+    legend_in = _NOTE_IN if causal else 0.0
+    canvas.text(fig_w / 2, fig_h - legend_in - caption_in / 2, caption, ha="center",
+                va="center", fontsize=8, color="0.25")  # fmt: skip
+    if causal:
+        _masked_legend(canvas, fig_w, fig_h - legend_in / 2)
     return fig
+
+
+def _masked_legend(canvas: Axes, fig_w: float, y: float) -> None:
+    """A hatched swatch and what it means, on one line at height ``y``."""
+    legend = textwrap.fill(MASKED_LEGEND, width=max(30, int((fig_w - 0.6) * 72 / 4.4)))
+    canvas.add_patch(Rectangle((0.15, y - 0.08), 0.16, 0.16, **_MASKED))
+    canvas.text(0.4, y, legend, va="center", fontsize=8, color="0.25")
 
 
 # --- JSON --------------------------------------------------------------------------------

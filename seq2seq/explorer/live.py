@@ -177,7 +177,9 @@ class Explorer:
         """The attention weights a request may compute or keep, with each output as long as
         its length limit allows: (output x source subwords) x layers x heads, per sentence
         times the ``beam`` hypotheses kept, plus one occlusion pass per source subword
-        with ``influence``, plus ``decodings`` more (greedy) decodings."""
+        with ``influence``, plus ``decodings`` more (greedy) decodings; and the chosen
+        output's self-attention, source x source per encoder layer and output x output
+        per decoder layer, times the heads."""
         tok, config = self.translator.tokenizer, self.translator.model.config
         decode = self.translator.config.decode
         a, b = (0.0, max_len) if max_len is not None else (decode.max_len_a, decode.max_len_b)
@@ -185,8 +187,10 @@ class Explorer:
         for sentence in sentences:
             src_len = min(len(tok.encode(sentence, "src")), self.translator.max_src_len) + 1
             passes = beam + (src_len if influence else 0) + decodings
-            cells = max_output_length(src_len, a, b, config.max_positions) * src_len
-            weights += passes * cells * config.n_dec_layers * config.n_heads
+            out_len = max_output_length(src_len, a, b, config.max_positions)
+            cross = passes * out_len * src_len * config.n_dec_layers
+            own = config.n_enc_layers * src_len**2 + config.n_dec_layers * out_len**2
+            weights += (cross + own) * config.n_heads
         return weights
 
     @staticmethod

@@ -3,8 +3,8 @@
 ``load(run)`` returns a ``LoadedRun``: ``translate`` takes a string or a list (strings back,
 ``Translation`` objects with ``full=True``); ``inspect`` takes one sentence and returns an
 ``Inspection`` holding its record (``records.sentence_records``: the translation, the attention
-maps, the influence map, the stop reason), which a notebook shows as the explorer. Its
-``heatmap`` is a matplotlib figure; ``intervene`` and ``mask`` decode again under an
+maps, cross and self, the influence map, the stop reason), which a notebook shows as the
+explorer. Its ``heatmap`` is a matplotlib figure of any kind of attention; ``intervene`` and ``mask`` decode again under an
 intervention and return an ``InterventionResult`` that shows the translation before and after.
 
 Inline, the explorer is the page ``seq2seq attention -o page.html`` writes, inside an
@@ -183,6 +183,22 @@ class Inspection:
         return self._part("weights")
 
     @property
+    def encoder_attention(self) -> np.ndarray | None:
+        """The encoder's self-attention, source over source: (Le, H, Tk, Tk)."""
+        return self._part("encoder_weights")
+
+    @property
+    def decoder_attention(self) -> np.ndarray | None:
+        """The decoder's masked self-attention over its inputs (``decoder_tokens``), 0 right
+        of the diagonal, where the causal mask hides a later position: (L, H, Tq, Tq)."""
+        return self._part("decoder_weights")
+
+    @property
+    def decoder_tokens(self) -> list[str] | None:
+        """The decoder's inputs, Tq: BOS, then the output before each step."""
+        return self._part("decoder_tokens")
+
+    @property
     def influence(self) -> np.ndarray | None:
         """What hiding each source column costs each output token, in nats: (Tq, Tk)."""
         return self._part("influence")
@@ -192,16 +208,15 @@ class Inspection:
             raise Seq2SeqError(self.message)
         return self.record
 
-    def heatmap(self, layer: int | None = None, head: int | str = "mean") -> Figure:
+    def heatmap(
+        self, layer: int | None = None, head: int | str = "mean", kind: str = "cross"
+    ) -> Figure:
         """The attention as ``seq2seq attention`` draws it: a panel per layer (or ``layer``
-        alone, from 1), averaged over heads, or one ``head`` (from 1), or ``"all"``."""
-        r = self._shown()
-        layers, heads = report.plot_selection(layer or "all", head, r["shape"][:2])
+        alone, from 1), averaged over heads, or one ``head`` (from 1), or ``"all"``; ``kind``
+        "cross", "encoder" (its self-attention) or "decoder" (its masked self-attention)."""
+        options = report.drawing(self._shown(), layer or "all", head, kind)
         _draw_figures_inline()
-        return attention_figure(
-            r["weights"], r["src_tokens"], r["tgt_tokens"], layers=layers, heads=heads,
-            title=report.page_title([r]), note=r["word_level"] or "",
-        )  # fmt: skip
+        return attention_figure(**options)
 
     def intervene(self, spec: str) -> InterventionResult:
         """Greedy decoding again under ``spec``: "uniform:2" (layer 2's cross-attention made

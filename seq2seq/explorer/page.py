@@ -5,8 +5,9 @@ sentences' records (``records.sentence_records``) as a JSON block. It has five
 views of one sentence: a step-through of decoding (with, per row, whether the most-attended
 source position is the most influential one), the heatmap (attention or, toggled,
 influence by occlusion, each with its own legend), a line view, a model view (a thumbnail
-per layer and head) and the interventions; a sentence picker when there are several, layer
-and head selectors, and the caption under every view. ``seq2seq serve`` renders the same
+per layer and head) and the interventions; a sentence picker when there are several, an
+attention selector (cross, the encoder's self-attention or the decoder's masked one, for the
+heatmap, line and model views), layer and head selectors, and the caption at the top. ``seq2seq serve`` renders the same
 page with a form above it (``form`` and ``error``), and its interventions panel asks the
 server for new ones; a written page shows those it holds.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seq2seq.drawing import map_stats, plotting
+from seq2seq.drawing import kinds, map_stats, plotting
 from seq2seq.fileio import atomic_write_text
 
 _RECORD_KEYS = (
@@ -43,9 +44,17 @@ def template(name: str) -> str:
     )
 
 
-def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) -> list[list[dict]]:
-    """For each layer, a map per head then the head mean: weights and, given the source
-    tokens, a title and per-row numbers.
+def _maps(
+    weights: np.ndarray,
+    src_tokens: list[str] | None,
+    digits: int = 4,
+    name: str = "",
+    tied: list[list[int]] | None = None,
+) -> list[list[dict]]:
+    """For each layer, a map per head then the head mean: weights and, given the key tokens
+    (``src_tokens``), a title (``name``, if any, first) and per-row numbers; given the
+    influence's ``tied`` columns, each row's most-attended column and whether it is the most
+    influential one (None where tied), as ``influence.agreement`` says for the record's mean.
 
     Shapes:
         weights: (L, H, Tq, Tk) -> L lists of H + 1 maps (Tq, Tk)
@@ -61,13 +70,19 @@ def _maps(weights: np.ndarray, src_tokens: list[str] | None, digits: int = 4) ->
             if src_tokens is not None:
                 stats = map_stats.attention_stats(attn, src_tokens)
                 entry.update(
-                    title=f"layer {layer + 1}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
+                    title=f"{name}layer {layer + 1}, head {head} \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
                     summary=map_stats.stats_line(stats),
                     vmax=float(attn.max()),
                     entropy=np.round(stats["row_entropy"], 3).tolist(),
                     eos=np.round(stats["eos_mass"], 3).tolist(),
                     punct=np.round(stats["punct_mass"], 3).tolist(),
                 )
+            if tied is not None:
+                attended = attn.argmax(-1).tolist()
+                agree = [
+                    a == t[0] if len(t) == 1 else None for a, t in zip(attended, tied, strict=True)
+                ]
+                entry.update(attended=attended, agree=agree)
             maps.append(entry)
         layers.append(maps)
     return layers
@@ -90,10 +105,9 @@ def _influence_map(record: dict, digits: int = 4) -> dict | None:
         "w": np.round(drops, digits).tolist(),
         "vmax": max(float(drops.max()), 0.0),  # a rise (negative drop) draws as no drop
         "title": f"influence by occlusion, every layer at once \u2014 {tq}\u00d7{tk} (Tq\u00d7Tk)",
-        "summary": f"largest drop {drops.max():.3f} nats \u00b7 the most-attended source "
-        f"position (mean of every layer and head) is the most influential one in "
-        f"{sum(decisive)} of {len(decisive)} rows; {tq - len(decisive)} rows tied (two drops "
-        f"within {record['tie_nats']} nats, which the map's precision can order either way)",
+        "summary": f"largest drop {drops.max():.3f} nats \u00b7 {tq - len(decisive)} rows tied "
+        f"(two drops within {record['tie_nats']} nats, which the map's precision can order "
+        "either way)",
         "attended": record["most_attended"],
         "influential": record["most_influential"],
         "tied": record["tied"],
@@ -101,6 +115,24 @@ def _influence_map(record: dict, digits: int = 4) -> dict | None:
         "tie_nats": record["tie_nats"],
         "note": record["influence_note"],
     }
+
+
+def _self_attention(record: dict) -> dict:
+    """The record's self-attention as the page draws it, by kind ("encoder", "decoder"):
+    name, query and key tokens, whether causal, what the axes are, layers and maps. A
+    record without (one built by hand) has none."""
+    shown = {}
+    for kind in ("encoder", "decoder"):
+        if record.get(kinds.KINDS[kind][0]) is None:
+            continue
+        maps = kinds.attention_maps(record, kind)
+        weights = np.asarray(maps.weights, dtype=np.float64)
+        shown[kind] = {
+            "name": maps.name, "rows": list(maps.rows), "cols": list(maps.columns),
+            "causal": maps.causal, "axes": list(maps.axes), "n_layers": weights.shape[0],
+            "maps": _maps(weights, list(maps.columns), name=f"{maps.name}, "),
+        }  # fmt: skip
+    return shown
 
 
 def page_record(record: dict) -> dict:
@@ -112,7 +144,8 @@ def page_record(record: dict) -> dict:
         tgt=list(record["tgt_tokens"]),
         n_layers=weights.shape[0],
         n_heads=weights.shape[1],
-        maps=_maps(weights, record["src_tokens"]),
+        maps=_maps(weights, record["src_tokens"], tied=record.get("tied")),
+        self_attention=_self_attention(record),
         step_maps=None,
         influence=_influence_map(record),
         interventions=record.get("interventions") or [],
@@ -131,6 +164,7 @@ def render_page(
         "records": [page_record(r) for r in records],
         "form": form,
         "caption": plotting.CAPTION,
+        "masked_legend": plotting.MASKED_LEGEND,
     }
     # "<" only occurs inside JSON strings, where \u003c means the same; this keeps a token
     # such as "</script>" from closing the script element.

@@ -1,9 +1,9 @@
 """``seq2seq attention``: sentences translated (or references teacher-forced) into records
-(``seq2seq.inspect.records``), written as a PNG or SVG of the maps ``--layer`` and ``--head``
-choose, an HTML explorer page (``seq2seq.explorer.page``) or JSON lines; and the summary it
-prints: per sentence its translation and how decoding stopped, for one sentence the per-row
-numbers of the chosen maps (entropy, EOS and punctuation mass, the most attended and the most
-influential source token).
+(``seq2seq.inspect.records``), written as a PNG or SVG of the maps ``--kind``, ``--layer`` and
+``--head`` choose, an HTML explorer page (``seq2seq.explorer.page``) or JSON lines; and the
+summary it prints: per sentence its translation and how decoding stopped, for one sentence the
+per-row numbers of the chosen maps (entropy, EOS and punctuation mass, the most attended and,
+for cross-attention, the most influential source token), rows numbered from 1 as the steps.
 """
 
 import json
@@ -15,6 +15,7 @@ import numpy as np
 from seq2seq.config import DEFAULT_DEVICE
 from seq2seq.decoding.translate import Translator, read_lines
 from seq2seq.drawing import map_stats, plotting
+from seq2seq.drawing.kinds import attention_maps, check_kind
 from seq2seq.errors import Seq2SeqError
 from seq2seq.explorer.page import write_report
 from seq2seq.fileio import atomic_write_text
@@ -37,6 +38,7 @@ def attention_report(
     references: str | list[str] | None = None,
     layer: int | str = "all",
     head: int | str = "mean",
+    kind: str = "cross",
     beam: int | None = None,
     max_len: int | None = None,
     ban_eos: bool = False,
@@ -51,8 +53,11 @@ def attention_report(
     """Translate ``sentences`` (or teacher-force ``references``) and write their attention.
 
     ``layer`` is a layer number (from 1) or "all"; ``head`` a head number (from 1),
-    "mean" or "all" (every head plus the mean, as a grid); both choose what PNG and SVG
-    draw, while HTML and JSON hold every layer and head. ``beam``: None = the run's
+    "mean" or "all" (every head plus the mean, as a grid); ``kind`` which attention: "cross"
+    (the decoder's reading of the source), "encoder" (the source's self-attention) or
+    "decoder" (the decoder's masked self-attention, ``records.KINDS``); the three choose
+    what PNG and SVG draw and the table prints, while HTML and JSON hold every kind, layer
+    and head. ``beam``: None = the run's
     ``decode.beam``, 1 = greedy. ``max_len`` replaces the run's ``a * S + b`` rule;
     ``ban_eos`` makes every output run to max_len. The format comes from ``fmt``, else
     ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` here. PNG and
@@ -77,9 +82,11 @@ def attention_report(
             f"{len(sentences)} sentences: a page holds at most {MAX_PAGE_SENTENCES} (every map "
             "of every sentence is in it); split the file, or write .json"
         )
+    check_kind(kind)
     translator = run if isinstance(run, Translator) else Translator.from_run(run, device)
     model_config = translator.model.config
-    layers, heads = plot_selection(layer, head, (model_config.n_dec_layers, model_config.n_heads))
+    n_layers = model_config.n_enc_layers if kind == "encoder" else model_config.n_dec_layers
+    plot_selection(layer, head, (n_layers, model_config.n_heads), _side(kind))
     asked = list(interventions)
     if fmt == "html" and with_page_interventions:
         given = {parse_spec(text, model_config.n_dec_layers) for text in asked}
@@ -97,38 +104,45 @@ def attention_report(
         interventions=interventions,
     )
     title = page_title(records)
-    _write(records, fmt, path, title, layers, heads)
+    _write(records, fmt, path, title, (layer, head, kind))
     return {"path": path, "format": fmt, "title": title, "records": records, "interventions": asked}
 
 
 def _write(
-    records: list[dict],
-    fmt: str,
-    path: Path,
-    title: str,
-    layers: list[int] | None,
-    heads: int | str,
+    records: list[dict], fmt: str, path: Path, title: str, choice: tuple[int | str, int | str, str]
 ) -> None:
-    """``records`` written as ``fmt``: the maps ``layers`` and ``heads`` choose (PNG, SVG: one
-    sentence), the explorer page (HTML), or one JSON record a line."""
+    """``records`` written as ``fmt``: the maps ``choice`` (layer, head, kind) chooses (PNG,
+    SVG: one sentence), the explorer page (HTML), or one JSON record a line."""
     if fmt in ("png", "svg"):
-        r = records[0]
-        plotting.plot_attention(
-            r["weights"],
-            r["src_tokens"],
-            r["tgt_tokens"],
-            path,
-            layers=layers,
-            heads=heads,
-            title=title,
-            fmt=fmt,
-            note=r["word_level"] or "",
-        )
+        plotting.plot_attention(path=path, fmt=fmt, **drawing(records[0], *choice))
     elif fmt == "html":
         write_report(records, path, title=title)
     else:
         lines = [json.dumps(json_record(r), ensure_ascii=False) + "\n" for r in records]
         atomic_write_text(path, "".join(lines))
+
+
+def drawing(
+    record: dict, layer: int | str = "all", head: int | str = "mean", kind: str = "cross"
+) -> dict:
+    """What ``plotting.attention_figure`` (and ``plot_attention``) take to draw the record's
+    maps of ``kind``, ``layer`` and ``head`` (as ``plot_selection`` reads them), titled with
+    the sentence, the attention's name before it unless cross."""
+    maps = attention_maps(record, kind)
+    layers, heads = plot_selection(layer, head, maps.weights.shape[:2], _side(kind))
+    title = page_title([record])
+    if kind != "cross":
+        title = f"{maps.name[0].upper()}{maps.name[1:]} of {title}"
+    return {
+        "weights": maps.weights, "src_tokens": maps.columns, "tgt_tokens": maps.rows,
+        "layers": layers, "heads": heads, "title": title, "note": record["word_level"] or "",
+        "axes": maps.axes, "causal": maps.causal,
+    }  # fmt: skip
+
+
+def _side(kind: str) -> str:
+    """The half of the model whose layers hold attention of ``kind``."""
+    return "encoder" if kind == "encoder" else "decoder"
 
 
 def page_interventions(n_layers: int) -> list[Spec]:
@@ -175,7 +189,9 @@ def report_inputs(
     return read_sentences(input_path), references
 
 
-def format_summary(report: dict, layer: int | str = "all", head: int | str = "mean") -> str:
+def format_summary(
+    report: dict, layer: int | str = "all", head: int | str = "mean", kind: str = "cross"
+) -> str:
     """What ``seq2seq attention`` prints: per sentence its translation, how decoding
     stopped and the output of each intervention asked for (not those every page holds);
     for one sentence the per-row numbers of the chosen maps; the file written."""
@@ -201,49 +217,56 @@ def format_summary(report: dict, layer: int | str = "all", head: int | str = "me
                 "or removed"
             )
     if len(records) == 1:
-        lines.append(format_table(records[0], selected_maps(records[0], layer, head)))
+        maps = selected_maps(records[0], layer, head, kind)
+        lines.append(format_table(records[0], maps, kind))
     lines.append(f"wrote {report['path']}")
     return "\n".join(lines)
 
 
-def selected_maps(record: dict, layer: int | str = "all", head: int | str = "mean") -> list[dict]:
-    """Layer, head and per-row numbers of each map ``layer`` and ``head`` select, with each
-    row's most-attended source column."""
-    layers, heads = plot_selection(layer, head, record["shape"][:2])
+def selected_maps(
+    record: dict, layer: int | str = "all", head: int | str = "mean", kind: str = "cross"
+) -> list[dict]:
+    """Layer, head and per-row numbers of each map ``kind``, ``layer`` and ``head`` select,
+    with each row's most-attended column."""
+    chosen = attention_maps(record, kind)
+    layers, heads = plot_selection(layer, head, chosen.weights.shape[:2], _side(kind))
     maps = []
-    for row in plotting.select_maps(record["weights"], layers, heads):
+    for row in plotting.select_maps(chosen.weights, layers, heads):
         for layer_number, head_label, attn in row:
-            stats = map_stats.attention_stats(attn, record["src_tokens"])
+            stats = map_stats.attention_stats(attn, chosen.columns)
             attended = np.asarray(attn).argmax(-1).tolist()
             maps.append({"layer": layer_number, "head": head_label, **stats, "attended": attended})
     return maps
 
 
-def format_table(record: dict, maps: list[dict]) -> str:
+def format_table(record: dict, maps: list[dict], kind: str = "cross") -> str:
     """The per-row numbers of every map: entropy (bits), EOS and punctuation mass, one
-    block per map, one line per target position. With the record's influence, also the
-    source token the map's row attends to most, the one whose occlusion lowers the row's
-    token most (tied ones joined by "=", ``_tied_tokens``; ``influence.tie_nats``), and whether
-    they are the same position ("tie" where tied; the mean line: how often, of the rows
-    that are not)."""
-    tokens, src = record["tgt_tokens"], record["src_tokens"]
-    tied = record.get("tied")
+    block per map, one line per query (numbered from 1, as the decoding steps). With the
+    record's influence, for cross-attention, also the source token the map's row attends to
+    most, the one whose occlusion lowers the row's token most (tied ones joined by "=",
+    ``_tied_tokens``; ``influence.tie_nats``), and whether they are the same position ("tie"
+    where tied; the mean line: how often, of the rows that are not)."""
+    chosen = attention_maps(record, kind)
+    tokens, src = chosen.rows, chosen.columns
+    tied = record.get("tied") if kind == "cross" else None
     influential = [] if tied is None else [_tied_tokens(src, t) for t in tied]
-    width = max(6, *(len(t) for t in tokens))
+    queries = chosen.axes[0].split(" (")[0]  # "target", "source" or "decoder input"
+    width = max(len(queries), *(len(t) for t in tokens))
     src_width = max((len(t) for t in src), default=0)
     a_width = max(len("attended"), src_width)
     i_width = max(len("influential"), src_width, *(len(t) for t in influential))
     lines = []
     for m in maps:
-        lines.append(f"layer {m['layer']}, head {m['head']}")
-        header = f"  {'#':>3}  {'target':<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}"
+        which = "" if kind == "cross" else f"{chosen.name}, "
+        lines.append(f"{which}layer {m['layer']}, head {m['head']}")
+        header = f"  {'#':>3}  {queries:<{width}}  {'bits':>5}  {'EOS':>5}  {'punct':>5}"
         if tied is not None:
             header += f"  {'attended':<{a_width}}  {'influential':<{i_width}}  same"
         lines.append(header)
         rows = zip(m["row_entropy"], m["eos_mass"], m["punct_mass"], strict=True)
         same = [] if tied is None else _same(m["attended"], tied)
         for i, (entropy, eos, punct) in enumerate(rows):
-            line = f"  {i:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
+            line = f"  {i + 1:>3}  {tokens[i]:<{width}}  {entropy:5.2f}  {eos:5.2f}  {punct:5.2f}"
             if tied is not None:
                 a = src[m["attended"][i]]
                 line += f"  {a:<{a_width}}  {influential[i]:<{i_width}}  {same[i]}"
@@ -299,16 +322,17 @@ def _output(fmt: str | None, out: str | Path | None) -> tuple[str, Path]:
 
 
 def plot_selection(
-    layer: int | str, head: int | str, shape: tuple[int, int]
+    layer: int | str, head: int | str, shape: tuple[int, int], side: str = "decoder"
 ) -> tuple[list[int] | None, int | str]:
     """``plot_attention``'s ``layers`` and ``heads`` for a user's ``layer`` (a number from 1,
-    or "all") and ``head`` (a number from 1, "mean" or "all"), checked against the decoder's
-    ``shape`` (layers, heads): what ``seq2seq attention`` and ``Inspection.heatmap`` draw."""
+    or "all") and ``head`` (a number from 1, "mean" or "all"), checked against the ``shape``
+    (layers, heads) of the ``side`` ("decoder" or "encoder") the attention is in: what
+    ``seq2seq attention`` and ``Inspection.heatmap`` draw."""
     n_layers, n_heads = shape
     if layer != "all" and not (isinstance(layer, int) and 1 <= layer <= n_layers):
-        raise Seq2SeqError(f"--layer {layer}: the decoder has layers 1..{n_layers} (or 'all')")
+        raise Seq2SeqError(f"--layer {layer}: the {side} has layers 1..{n_layers} (or 'all')")
     if head not in ("mean", "all") and not (isinstance(head, int) and 1 <= head <= n_heads):
-        raise Seq2SeqError(f"--head {head}: the decoder has heads 1..{n_heads} (or 'mean', 'all')")
+        raise Seq2SeqError(f"--head {head}: the {side} has heads 1..{n_heads} (or 'mean', 'all')")
     return (None if layer == "all" else [layer]), head
 
 

@@ -1,4 +1,4 @@
-"""The record of a sentence: what decoding did, step by step, and its cross-attention; what
+"""The record of a sentence: what decoding did, step by step, and its attention; what
 ``seq2seq attention`` writes (``seq2seq.explorer.report``), the explorer shows and ``seq2seq
 serve`` answers with.
 
@@ -18,6 +18,12 @@ P(EOS) shows what the ban overrode. That pass decodes apart from the search, in 
 rather than step by step, so the two agree up to rounding; ``tests/test_bf16_paths.py``
 pins them together under bf16, where rounding is coarsest.
 
+Beside the cross-attention, a record holds the self-attention of the same output, from the
+same teacher-forced pass (the decoder is causal, so row n is what step n computed, up to
+rounding): the encoder's, source over source, and the decoder's, masked, over its inputs (BOS,
+then the output before each step), which ``attention_maps`` returns with its row and column
+tokens by kind (``seq2seq.drawing.kinds``).
+
 Beside the maps, a record holds what each source position does to each output token
 (influence by occlusion, ``seq2seq.inspect.influence``) and the outputs of any
 interventions on cross-attention (``seq2seq.inspect.interventions``).
@@ -27,7 +33,7 @@ columns source subwords (keys, EOS included); with ``words`` both are merged int
 (``seq2seq.drawing.words``). Layers and heads are numbered from 1.
 
 Letters: ``L`` decoder layers, ``H`` heads, ``Tq`` target positions, ``Tk`` source
-positions, ``V`` target vocabulary.
+positions, ``V`` target vocabulary, ``Le`` encoder layers.
 """
 
 from collections.abc import Sequence
@@ -49,7 +55,8 @@ from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
-from seq2seq.vocab import EOS_ID
+from seq2seq.model.transformer import Seq2Seq
+from seq2seq.vocab import BOS_ID, EOS_ID
 
 TEACHER_FORCED = "teacher-forced on the given reference"
 TOP_K = 5  # alternatives shown per decoding step
@@ -72,6 +79,9 @@ def sentence_records(
     Keys: source, reference, translation, decoding, teacher_forced, beam, ban_eos,
     max_len (None when teacher-forced), stop_reason ("eos" | "max_len"), stop_step,
     notes, src_tokens, tgt_tokens, shape [L, H, Tq, Tk], weights (L, H, Tq, Tk) array,
+    encoder_weights (Le, H, Tk, Tk) and decoder_weights (L, H, Tq, Tq) arrays (self-attention,
+    teacher-forced over the output), decoder_tokens (the decoder's Tq inputs: BOS, then the
+    output before each step),
     steps (per step: step, token, prob, top [{token, prob}], p_eos), hypotheses
     ({translation, length, score, normalized_score, stop_reason, chosen}, best first),
     word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
@@ -212,6 +222,7 @@ def _record(
         chosen = hyps[0]
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
         probs = step_probs(model, src, tgt_ids)  # (Tq, V)
+        encoder_weights, decoder_weights = _self_attention(model, src, tgt_ids)
         occlusion = occlude(model, src, tgt_ids, columns) if influence else None
         tie = tie_nats(translator.dtype, translator.device)  # of the precision in force
         changes = intervention_records(translator, src, decode, specs, columns, src_units)
@@ -219,19 +230,11 @@ def _record(
     weights = chosen.attention.float().numpy()  # (L, H, Tq, Tk)
     max_positions = model.config.max_positions
     max_len = max_output_length(src.shape[1], decode.max_len_a, decode.max_len_b, max_positions)
-    if reference is None:
-        decoding = (
-            "greedy search"
-            if decode.beam == 1
-            else f"beam search (beam {decode.beam}), the chosen hypothesis"
-        )
-    else:
-        decoding = TEACHER_FORCED
     return {
         "source": sentence,
         "reference": reference,
         "translation": one_line(tok.decode(chosen.tokens, "tgt")),
-        "decoding": decoding,
+        "decoding": _decoding(decode, teacher_forced=reference is not None),
         "teacher_forced": reference is not None,
         "beam": decode.beam,
         "ban_eos": decode.ban_eos and reference is None,
@@ -243,6 +246,9 @@ def _record(
         "tgt_tokens": tok.pieces(tgt_ids, "tgt"),
         "shape": list(weights.shape),
         "weights": weights,
+        "encoder_weights": encoder_weights,
+        "decoder_weights": decoder_weights,
+        "decoder_tokens": tok.pieces([BOS_ID, *tgt_ids[:-1]], "tgt"),
         "steps": _steps(tok, probs, tgt_ids),
         "hypotheses": [_hypothesis(tok, h, i == 0) for i, h in enumerate(hyps)],
         "word_level": None,
@@ -263,6 +269,26 @@ def _record(
         "tie_nats": None if occlusion is None else tie,
         "interventions": changes,
     }
+
+
+def _decoding(decode: DecodeConfig, teacher_forced: bool) -> str:
+    """How the record's output was found, in words."""
+    if teacher_forced:
+        return TEACHER_FORCED
+    if decode.beam == 1:
+        return "greedy search"
+    return f"beam search (beam {decode.beam}), the chosen hypothesis"
+
+
+def _self_attention(
+    model: Seq2Seq, src: torch.Tensor, tgt_ids: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The encoder's self-attention (Le, H, Tk, Tk) and the decoder's (L, H, Tq, Tq), one
+    teacher-forced pass over the output, as ``step_probs``."""
+    inputs = torch.tensor([[BOS_ID, *tgt_ids[:-1]]], device=src.device)  # (1, Tq)
+    with torch.inference_mode():
+        encoder, decoder = model.self_attention(src, inputs)
+    return tuple(torch.cat(w).float().cpu().numpy() for w in (encoder, decoder))  # (L, ...)
 
 
 def _steps(tok, probs: torch.Tensor, tgt_ids: list[int]) -> list[dict]:
@@ -298,12 +324,16 @@ def _to_words(record: dict, specials: frozenset[str]) -> dict:
     ``step_rows[n]`` is the word row step n belongs to, ``step_weights`` (L, H, Tq, Wk) the
     rows each step used with the source merged into words."""
     src, tgt, w = record["src_tokens"], record["tgt_tokens"], record["weights"]
+    inputs = record["decoder_tokens"]
     influence = record["influence"]
     merged = words.merge_words(w, src, tgt, specials)  # (L, H, Wq, Wk)
     return {
         **record,
         "src_tokens": words.words_of(src, specials),
         "tgt_tokens": words.words_of(tgt, specials),
+        "encoder_weights": words.merge_words(record["encoder_weights"], src, src, specials),
+        "decoder_weights": words.merge_words(record["decoder_weights"], inputs, inputs, specials),
+        "decoder_tokens": words.words_of(inputs, specials),
         "shape": list(merged.shape),
         "weights": merged,
         "word_level": words.WORDS_NOTE,
@@ -326,7 +356,7 @@ def _with_agreement(record: dict) -> dict:
 def json_record(record: dict) -> dict:
     """The record with its arrays as nested lists, rounded to 6 digits."""
     out = dict(record)
-    for key in ("weights", "step_weights", "influence"):
+    for key in ("weights", "encoder_weights", "decoder_weights", "step_weights", "influence"):
         if out[key] is not None:
             out[key] = np.round(out[key], 6).tolist()
     return out

@@ -91,17 +91,21 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
         self.dropout = Dropout(c.dropout)
 
-    def forward(self, x: Tensor, src_mask: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, src_mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         h = self.self_attn_norm(x)
-        x = x + self.dropout(self.self_attn(h, h, h, src_mask)[0])
+        read, weights = self.self_attn(h, h, h, src_mask, need_weights=need_weights)
+        x = x + self.dropout(read)
         x = x + self.dropout(self.ffn(self.ffn_norm(x)))
-        return x  # (B, S, D)
+        return x, weights  # (B, S, D), (B, H, S, S) or None
 
 
 class DecoderLayer(nn.Module):
     """Pre-norm: causal self-attention, cross-attention (Q from the target, K/V from the
-    encoder memory), feed-forward. Returns the new states and the cross-attention weights
-    (``None`` unless asked for). With ``d_latent`` set, the self-attention alone is
+    encoder memory), feed-forward. Returns the new states, the cross-attention weights
+    (``None`` unless ``need_weights``) and the self-attention weights (``None`` unless
+    ``need_self_weights``). With ``d_latent`` set, the self-attention alone is
     ``LatentAttention`` (MLA): it is the only attention whose K/V grow in the cache."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -124,13 +128,17 @@ class DecoderLayer(nn.Module):
         self_cache: AttentionCache | None = None,
         cross_cache: AttentionCache | None = None,
         need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+        need_self_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         h = self.self_attn_norm(x)
-        x = x + self.dropout(self.self_attn(h, h, h, tgt_mask, cache=self_cache)[0])
+        own, self_weights = self.self_attn(
+            h, h, h, tgt_mask, need_weights=need_self_weights, cache=self_cache
+        )
+        x = x + self.dropout(own)
         h = self.cross_attn_norm(x)
         read, weights = self.cross_attn(
             h, memory, memory, src_mask, need_weights=need_weights, cache=cross_cache
         )
         x = x + self.dropout(read)
         x = x + self.dropout(self.ffn(self.ffn_norm(x)))
-        return x, weights  # (B, T, D), (B, H, T, S) or None
+        return x, weights, self_weights  # (B, T, D), (B, H, T, S) or None, (B, H, T, T) or None

@@ -103,10 +103,19 @@ class Seq2Seq(nn.Module):
         """
         if check:
             check_rows(src_mask)
+        return self._encode(src, src_mask)[0]
+
+    def _encode(
+        self, src: Tensor, src_mask: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """``encode``'s memory, and with ``need_weights`` each layer's self-attention."""
         x = self.src_embed(src)
+        weights = [] if need_weights else None
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
-        return self.encoder_norm(x)
+            x, w = layer(x, src_mask, need_weights=need_weights)
+            if need_weights:
+                weights.append(w)
+        return self.encoder_norm(x), weights  # (B, S, D), per layer (B, H, S, S)
 
     def decode(
         self,
@@ -129,16 +138,31 @@ class Seq2Seq(nn.Module):
             tgt (B, T); memory (Bk, S, D); src_mask (Bk, 1, 1, S); Bk = B, or B / K for K beams
             -> logits (B, T, V) and per layer weights (B, H, T, S) or None
         """
+        logits, weights, _ = self._decode(tgt, memory, src_mask, cache, need_weights)
+        return logits, weights
+
+    def _decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+        need_self_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None, list[Tensor] | None]:
+        """``decode``'s logits and cross-attention, and with ``need_self_weights`` each
+        layer's (masked) self-attention, (B, H, T, P + T) after P cached positions."""
         start = cache.length if cache is not None else 0
         n_new = tgt.shape[1]
         # One new position may read everything before it: no mask needed.
         tgt_mask = None if n_new == 1 else causal_mask(n_new, start + n_new, tgt.device)
         x = self.tgt_embed(tgt, start)
         weights = [] if need_weights else None
+        self_weights = [] if need_self_weights else None
         for i, layer in enumerate(self.decoder_layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
-            x, w = layer(
+            x, w, own = layer(
                 x,
                 memory,
                 tgt_mask,
@@ -146,10 +170,27 @@ class Seq2Seq(nn.Module):
                 self_cache=self_cache,
                 cross_cache=cross_cache,
                 need_weights=need_weights,
+                need_self_weights=need_self_weights,
             )
             if need_weights:
                 weights.append(w)
-        return self.output(self.decoder_norm(x)), weights  # (B, T, V)
+            if need_self_weights:
+                self_weights.append(own)
+        return self.output(self.decoder_norm(x)), weights, self_weights  # (B, T, V)
+
+    def self_attention(self, src: Tensor, tgt: Tensor) -> tuple[list[Tensor], list[Tensor]]:
+        """Teacher-forced, as ``forward``: each encoder layer's self-attention and each decoder
+        layer's masked (causal) self-attention, a masked key at weight 0. The same
+        computation as ``forward``: the weights are read beside it (``attention.attend``).
+
+        Shapes: src (B, S), tgt (B, T) -> per encoder layer (B, H, S, S), per decoder layer
+        (B, H, T, T)
+        """
+        src_mask = padding_mask(src)
+        check_rows(src_mask)
+        memory, encoder = self._encode(src, src_mask, need_weights=True)
+        _, _, decoder = self._decode(tgt, memory, src_mask, need_self_weights=True)
+        return encoder, decoder
 
     def forward(self, src: Tensor, tgt: Tensor, check: bool = True) -> Tensor:
         """Teacher-forced logits: at every target position, the scores of the next token,

@@ -11,12 +11,14 @@ window.onerror = function (message) {
   const $ = (id) => document.getElementById(id);
   const VIEWS = ["step", "heatmap", "lines", "model", "interventions"];
   const MAPS = ["attention", "influence"];
+  const KINDS = ["cross", "encoder", "decoder"]; // which attention: records' names (kinds.py)
   // viridis at 0, 1/4, 1/2, 3/4, 1
   const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const MIN_CELL = 20, MAX_CELL = 36;
+  const MASKED_GREY = "#d0d0d0"; // a masked cell in a thumbnail, too small to hatch
   // spec: the intervention shown, as "KIND:LAYER", "KIND:all" or "mask:N" (null: the first held)
   const state = { sentence: 0, layer: 1, head: "mean", step: 1, view: "step", map: "attention",
-    spec: null };
+    spec: null, kind: "cross" };
   const tooltip = $("tooltip");
 
   function colour(t) {
@@ -49,19 +51,38 @@ window.onerror = function (message) {
   const prob = (p) => p.toFixed(4);
   const rec = () => DATA.records[state.sentence];
   const headIndex = (r) => (state.head === "mean" ? r.n_heads : state.head - 1);
-  const currentMap = (r) => r.maps[state.layer - 1][headIndex(r)];
+  // One kind of attention of a record: its maps, query (row) and key (column) tokens.
+  const cross = (r) => ({ name: "cross-attention", rows: r.tgt, cols: r.src, maps: r.maps,
+    n_layers: r.n_layers, causal: false, axes: ["target (queries)", "source (keys)"] });
+  const attentionOf = (r, kind) => (kind === "cross" ? cross(r) : r.self_attention[kind]);
+  const shownKind = (r) => attentionOf(r, state.kind);
+  // The heatmap, line and model views draw the chosen kind; the step-through, whose rows
+  // are decoding steps reading the source, always cross-attention (its nearest layer).
+  const crossLayer = (r) => Math.min(state.layer, r.n_layers);
+  const crossMap = (r) => r.maps[crossLayer(r) - 1][headIndex(r)];
+  const currentMap = (r) => shownKind(r).maps[state.layer - 1][headIndex(r)];
   // The map row step n belongs to: the step itself, or its word at word level.
   const currentRow = (r) => (r.step_rows ? r.step_rows[state.step - 1] : state.step - 1);
+  // The row of ``kind``'s map that the current step is (-1: none): the encoder's rows are
+  // not steps, and a word of the decoder's inputs is not the word its step wrote.
+  function kindRow(r, kind) {
+    if (kind === "cross") return currentRow(r);
+    return kind === "decoder" && !r.step_rows ? state.step - 1 : -1;
+  }
   function stepWeights(r) {
     const maps = r.step_maps || r.maps;
-    return maps[state.layer - 1][headIndex(r)].w[state.step - 1];
+    return maps[crossLayer(r) - 1][headIndex(r)].w[state.step - 1];
   }
 
-  // --- hover: source token, target token, weight (or what the map measures) ------------
-  function showTip(event, r, i, j, w, measure) {
-    tooltip.textContent = "source " + (j + 1) + ": " + r.src[j] + "  \u00b7  target " +
-      (i + 1) + ": " + r.tgt[i] + "  \u00b7  " + (measure || "weight") + " " +
-      Number(w).toFixed(4);
+  // --- hover: key token, query token, weight (or what the map measures) -----------------
+  // kind: the attention the hovered element draws (its container's data-kind).
+  function showTip(event, r, i, j, w, measure, kind) {
+    const a = attentionOf(r, kind || "cross");
+    const [rowName, colName] = a.axes.map((t) => t.split(" (")[0]);
+    const masked = a.causal && j > i;
+    tooltip.textContent = colName + " " + (j + 1) + ": " + a.cols[j] + "  \u00b7  " + rowName +
+      " " + (i + 1) + ": " + a.rows[i] + "  \u00b7  " + (masked ? "masked: never read" :
+      (measure || "weight") + " " + Number(w).toFixed(4));
     tooltip.style.left = (event.clientX + 14) + "px";
     tooltip.style.top = (event.clientY + 14) + "px";
     tooltip.style.display = "block";
@@ -74,29 +95,36 @@ window.onerror = function (message) {
       return;
     }
     const table = target.closest("table");
+    const box = target.closest("[data-kind]");
     showTip(event, rec(), +target.dataset.i, +target.dataset.j, target.dataset.w,
-      table && table.dataset.measure);
+      table && table.dataset.measure, box && box.dataset.kind);
   });
 
   // --- heatmap ------------------------------------------------------------------------
   // Cells are at least MIN_CELL px: one label per row and column then fits without
   // overlapping; past the page width the map scrolls instead of shrinking.
-  function cellSize(r, extra) {
+  function cellSize(n_cols, extra) {
     const avail = document.documentElement.clientWidth - 80 - extra;
-    return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(avail / r.src.length)));
+    return Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(avail / n_cols)));
   }
 
-  // numbers: columns beside the map, {head: [titles], row: (i) => [texts]}, or null.
-  // measure: what a cell's value is, for the tooltip.
-  function drawHeatmap(table, r, map, numbers, current, measure) {
-    const labelWidth = 12 + 8 * Math.max(...r.tgt.map((t) => t.length));
-    table.style.setProperty("--cell", cellSize(r, labelWidth + (numbers ? 200 : 0)) + "px");
+  // kind: which attention's tokens label the map ("cross" for the influence map, whose rows
+  // and columns are cross-attention's). numbers: columns beside the map, {head: [titles],
+  // row: (i) => [texts]}, or null. measure: what a cell's value is, for the tooltip. A
+  // causal map's cells right of the diagonal are masked: hatched, not coloured as 0.
+  function drawHeatmap(table, r, kind, map, numbers, current, measure) {
+    const a = attentionOf(r, kind), causal = a.causal && measure !== "drop (nats)";
+    const labelWidth = 12 + 8 * Math.max(...a.rows.map((t) => t.length));
+    const cell = cellSize(a.cols.length, labelWidth + (numbers ? 200 : 0));
+    table.style.setProperty("--cell", cell + "px");
     table.dataset.measure = measure || "weight";
+    table.dataset.kind = kind;
     table.textContent = "";
     const head = el("thead");
     const top = el("tr");
-    top.appendChild(el("th", "target \u2193 / source \u2192"));
-    r.src.forEach((t) => {
+    const [rowName, colName] = a.axes.map((t) => t.split(" (")[0]);
+    top.appendChild(el("th", rowName + " \u2193 / " + colName + " \u2192"));
+    a.cols.forEach((t) => {
       const th = el("th", undefined, "src");
       th.appendChild(el("span", t));
       top.appendChild(th);
@@ -112,10 +140,11 @@ window.onerror = function (message) {
     map.w.forEach((row, i) => {
       const tr = el("tr", undefined, i === current ? "current" : "");
       tr.dataset.row = i;
-      tr.appendChild(el("th", r.tgt[i], "tgt"));
+      tr.appendChild(el("th", a.rows[i], "tgt"));
       row.forEach((v, j) => {
-        const td = el("td", undefined, "w");
-        td.style.background = colour(v / scale);
+        const masked = causal && j > i;
+        const td = el("td", undefined, masked ? "w masked" : "w");
+        if (!masked) td.style.background = colour(v / scale);
         Object.assign(td.dataset, { i: i, j: j, w: v });
         tr.appendChild(td);
       });
@@ -128,10 +157,9 @@ window.onerror = function (message) {
     table.appendChild(body);
     // The estimate above ignores the real label widths: shrink the cells to what fits,
     // never below MIN_CELL (past that the map scrolls).
-    const cell = parseFloat(table.style.getPropertyValue("--cell"));
     const over = table.offsetWidth - table.parentElement.clientWidth;
     if (over > 0 && cell > MIN_CELL) {
-      const fit = Math.max(MIN_CELL, cell - Math.ceil(over / r.src.length));
+      const fit = Math.max(MIN_CELL, cell - Math.ceil(over / a.cols.length));
       table.style.setProperty("--cell", fit + "px");
     }
   }
@@ -140,17 +168,25 @@ window.onerror = function (message) {
     head: ["entropy (bits)", "EOS mass", "punct mass"],
     row: (i) => [map.entropy[i], map.eos[i], map.punct[i]].map((x) => x.toFixed(2)),
   });
-  // Per row: the source position attended most (the mean of every layer and head), the one
-  // whose hiding lowers the row's token most (or those tied with it), and whether they are one.
+  // Per row: the source position attended most in the cross-attention the Layer and Head
+  // selectors choose, the one whose hiding lowers the row's token most (or those tied with
+  // it), and whether they are one.
+  const crossChoice = (r) => "layer " + crossLayer(r) + ", head " + state.head;
   const tiedTokens = (r, i) => {
     const t = r.influence.tied[i];
     return t.length <= 3 ? t.map((j) => r.src[j]).join("=") : "a " + t.length + "-way tie";
   };
   const sameText = (agree) => agree === null ? "tie" : agree ? "yes" : "no";
   const agreementNumbers = (r) => ({
-    head: ["most attended", "most influential", "same"],
-    row: (i) => [r.src[r.influence.attended[i]], tiedTokens(r, i), sameText(r.influence.agree[i])],
+    head: ["most attended (" + crossChoice(r) + ")", "most influential", "same"],
+    row: (i) => [r.src[crossMap(r).attended[i]], tiedTokens(r, i), sameText(crossMap(r).agree[i])],
   });
+  function agreementCount(r) {
+    const agree = crossMap(r).agree, decisive = agree.filter((a) => a !== null);
+    return "the most-attended source position (cross-attention, " + crossChoice(r) + ") is " +
+      "the most influential one in " + decisive.filter(Boolean).length + " of " +
+      decisive.length + " rows that are not ties";
+  }
 
   // --- step-through -------------------------------------------------------------------
   function stopText(r) {
@@ -191,7 +227,7 @@ window.onerror = function (message) {
     const row = stepWeights(r), i = currentRow(r);
     const max = Math.max(...row) || 1;
     $("step-row-title").textContent = "The cross-attention row step " + state.step +
-      " used (layer " + state.layer + ", head " + state.head + "):";
+      " used (" + crossChoice(r) + "):";
     row.forEach((v, j) => {
       const label = el("span", r.src[j]);
       const bar = el("div", undefined, "bar");
@@ -224,14 +260,14 @@ window.onerror = function (message) {
     const box = $("step-agreement");
     box.textContent = "";
     if (!r.influence) return;
-    const i = currentRow(r), f = r.influence;
-    box.dataset.agree = sameText(f.agree[i]);
-    const verdict = f.agree[i] === null
+    const i = currentRow(r), f = r.influence, m = crossMap(r);
+    box.dataset.agree = sameText(m.agree[i]);
+    const verdict = m.agree[i] === null
       ? el("span", "a tie: drops within " + f.tie_nats + " nats of each other, which the " +
         "map's precision can order either way", "tie")
-      : el("span", f.agree[i] ? "the same position" : "not the same",
-        f.agree[i] ? "agree" : "disagree");
-    box.append("most attended (mean of every layer and head): ", el("b", r.src[f.attended[i]]),
+      : el("span", m.agree[i] ? "the same position" : "not the same",
+        m.agree[i] ? "agree" : "disagree");
+    box.append("most attended (" + crossChoice(r) + "): ", el("b", r.src[m.attended[i]]),
       "; most influential (occlusion): ", el("b", tiedTokens(r, i)), " \u2014 ", verdict);
   }
 
@@ -259,8 +295,11 @@ window.onerror = function (message) {
     drawEosTrace(r);
     drawStepRow(r);
     drawAgreement(r);
-    drawHeatmap($("step-map"), r, currentMap(r), r.influence ? agreementNumbers(r) : null,
-      currentRow(r));
+    $("step-kind-note").textContent = state.kind === "cross" ? "" : "The step-through shows " +
+      "cross-attention, whose rows are the decoding steps; the " + shownKind(r).name +
+      " chosen above is drawn in the Heatmap, Lines and Model views.";
+    drawHeatmap($("step-map"), r, "cross", crossMap(r),
+      r.influence ? agreementNumbers(r) : null, currentRow(r));
     drawHypotheses(r);
   }
 
@@ -275,7 +314,9 @@ window.onerror = function (message) {
         (DATA.form ? ": tick influence and translate again" : "") : "";
     });
     $("map-title").textContent = map.title;
-    $("map-summary").textContent = map.summary;
+    $("map-summary").textContent = map.summary +
+      (influence ? " \u00b7 " + agreementCount(r) : "");
+    $("masked-legend").hidden = influence || !shownKind(r).causal;
     $("legend-max").textContent = map.vmax.toFixed(3);
     $("legend-text").textContent = influence
       ? "(colour relative to this map's largest drop in log-probability, in nats; a rise, " +
@@ -284,26 +325,36 @@ window.onerror = function (message) {
     $("map-measures").textContent = influence
       ? map.note + " Not a property of the layer and head chosen above: a position is " +
         "hidden from every layer at once. Rows and columns as in the attention map."
-      : "Attention: how much each output position (row) read from each source position, in " +
-        "layer " + state.layer + ", head " + state.head + "; each row sums to 1. It shows " +
-        "where a query read, not what the source did to the output: the influence map " +
-        "measures that one way.";
-    drawHeatmap($("heatmap"), r, map, influence ? agreementNumbers(r) : attentionNumbers(map),
-      currentRow(r), influence ? "drop (nats)" : "weight");
+      : state.kind === "cross"
+        ? "Attention: how much each output position (row) read from each source position, " +
+          "in layer " + state.layer + ", head " + state.head + "; each row sums to 1. It " +
+          "shows where a query read, not what the source did to the output: the influence " +
+          "map measures that one way."
+        : "The " + shownKind(r).name + ": how much each " + shownKind(r).axes[0] +
+          " read from each " + shownKind(r).axes[1] + ", in layer " + state.layer +
+          ", head " + state.head + "; each row sums to 1." + (shownKind(r).causal
+          ? " Row n is the decoder's input at step n (BOS, then the output so far): it " +
+            "may read itself and the positions before it, never a later one." : "");
+    const kind = influence ? "cross" : state.kind;
+    const current = kindRow(r, kind);
+    drawHeatmap($("heatmap"), r, kind, map,
+      influence ? agreementNumbers(r) : attentionNumbers(map), current,
+      influence ? "drop (nats)" : "weight");
   }
 
   // --- line view ----------------------------------------------------------------------
   function drawLines(r) {
-    const svg = $("lines");
+    const svg = $("lines"), a = shownKind(r);
     const map = currentMap(r), pitch = 22, top = 40;
+    svg.dataset.kind = state.kind;
     const width = Math.min(Math.max(document.documentElement.clientWidth - 100, 480), 900);
     const xt = 170, xs = width - 170;
     svg.textContent = "";
     svg.classList.remove("focus");
     svg.setAttribute("width", width);
-    svg.setAttribute("height", top + pitch * Math.max(r.tgt.length, r.src.length) + 10);
+    svg.setAttribute("height", top + pitch * Math.max(a.rows.length, a.cols.length) + 10);
     const y = (k) => top + pitch * k;
-    const current = currentRow(r);
+    const current = kindRow(r, state.kind);
     map.w.forEach((row, i) => row.forEach((v, j) => {
       if (v < 0.005) return;
       const line = svgEl("line", { x1: xt, y1: y(i), x2: xs, y2: y(j), "stroke-opacity": v });
@@ -327,45 +378,49 @@ window.onerror = function (message) {
       svg.appendChild(t);
       return t;
     };
-    r.tgt.forEach((t, i) => {
+    a.rows.forEach((t, i) => {
       const text = label(t, xt - 8, i, "end", "i" + i);
       if (i === current) text.classList.add("current");
     });
-    r.src.forEach((t, j) => label(t, xs + 8, j, "start", "j" + j));
+    a.cols.forEach((t, j) => label(t, xs + 8, j, "start", "j" + j));
     const heading = (text, x, anchor) => {
       const t = svgEl("text", { x: x, y: 16, "text-anchor": anchor, "font-weight": "bold" });
       t.textContent = text;
       svg.appendChild(t);
     };
-    heading("target (queries)", xt - 8, "end");
-    heading("source (keys)", xs + 8, "start");
+    heading(a.axes[0], xt - 8, "end");
+    heading(a.axes[1], xs + 8, "start");
   }
 
   // --- model view ---------------------------------------------------------------------
   function drawModel(r) {
-    const grid = $("model-grid");
+    const grid = $("model-grid"), a = shownKind(r);
     grid.textContent = "";
+    grid.dataset.kind = state.kind;
+    $("model-kind").textContent = a.name + (a.causal ? "; grey: masked, never read" : "");
     grid.style.gridTemplateColumns = "repeat(" + (r.n_heads + 2) + ", max-content)";
-    const px = Math.max(2, Math.min(8, Math.floor(110 / Math.max(r.src.length, r.tgt.length))));
-    r.maps.forEach((heads, l) => {
+    const px = Math.max(2, Math.min(8, Math.floor(110 / Math.max(a.cols.length, a.rows.length))));
+    a.maps.forEach((heads, l) => {
       grid.appendChild(el("div", "layer " + (l + 1), "small"));
       heads.forEach((map, h) => {
         const head = h === r.n_heads ? "mean" : h + 1;
         const fig = el("figure", undefined, l + 1 === state.layer && head === state.head ? "selected" : "");
         Object.assign(fig.dataset, { layer: l + 1, head: head });
         const canvas = el("canvas");
-        canvas.width = r.src.length * px;
-        canvas.height = r.tgt.length * px;
+        canvas.width = a.cols.length * px;
+        canvas.height = a.rows.length * px;
         const ctx = canvas.getContext("2d");
         const scale = map.vmax > 0 ? map.vmax : 1;
         map.w.forEach((row, i) => row.forEach((v, j) => {
-          ctx.fillStyle = colour(v / scale);
+          ctx.fillStyle = a.causal && j > i ? MASKED_GREY : colour(v / scale);
           ctx.fillRect(j * px, i * px, px, px);
         }));
         canvas.addEventListener("mousemove", (event) => {
           const box = canvas.getBoundingClientRect();
           const i = Math.floor((event.clientY - box.top) / px), j = Math.floor((event.clientX - box.left) / px);
-          if (i >= 0 && i < r.tgt.length && j >= 0 && j < r.src.length) showTip(event, r, i, j, map.w[i][j]);
+          if (i >= 0 && i < a.rows.length && j >= 0 && j < a.cols.length) {
+            showTip(event, r, i, j, map.w[i][j], "weight", state.kind);
+          }
         });
         canvas.addEventListener("mouseleave", hideTip);
         fig.appendChild(canvas);
@@ -412,6 +467,15 @@ window.onerror = function (message) {
       "or seq2seq serve. Changed words are marked." + greedy;
   }
 
+  // What a written page answers for an intervention it does not hold: how to get it.
+  function notHeld(r, spec) {
+    const words = r.word_level ? " --words" : "";
+    const source = '"' + r.source.replace(/["\\$`]/g, "\\$&") + '"'; // for a shell
+    return "Not on this page: " + spec + ". To decode it: seq2seq attention RUN " + source +
+      words + " --intervene " + spec + " -o page.html (RUN: the run this page came from), " +
+      "or seq2seq serve RUN, where a click decodes it.";
+  }
+
   function drawInterventions(r) {
     const spec = state.spec || (r.interventions.length ? specOf(r.interventions[0]) : null);
     const shown = spec && held(r, spec);
@@ -434,7 +498,7 @@ window.onerror = function (message) {
     });
     $("intervention-result").hidden = !shown;
     if (!$("intervention-status").dataset.kind) { // a request's message stays until the next
-      setStatus(spec && !shown && !DATA.form ? "Not on this page: " + spec + "." : "");
+      setStatus(spec && !shown && !DATA.form ? notHeld(r, spec) : "");
     }
     if (shown) {
       drawWords($("original-words"), shown.original_words, shown.removed);
@@ -504,6 +568,8 @@ window.onerror = function (message) {
       b.setAttribute("aria-selected", String(b.dataset.view === state.view));
     });
     $("sentence-select").value = String(state.sentence);
+    $("attention-select").value = state.kind;
+    setLayerOptions(shownKind(r).n_layers);
     $("layer-select").value = String(state.layer);
     $("head-select").value = String(state.head);
     $("source").textContent = r.source;
@@ -518,7 +584,7 @@ window.onerror = function (message) {
     if (state.view === "model") drawModel(r);
     if (state.view === "interventions") drawInterventions(r);
     const attrs = { view: state.view, sentence: state.sentence + 1, step: state.step,
-      layer: state.layer, head: state.head, map: state.map };
+      kind: state.kind, layer: state.layer, head: state.head, map: state.map };
     if (state.spec) attrs.spec = state.spec;
     document.body.removeAttribute("data-spec");
     Object.entries(attrs).forEach(([k, v]) => document.body.setAttribute("data-" + k, v));
@@ -531,6 +597,8 @@ window.onerror = function (message) {
     Object.assign(state, changes);
     const r = rec();
     state.step = Math.min(Math.max(1, state.step), r.steps.length);
+    if (!attentionOf(r, state.kind)) state.kind = "cross"; // a record without self-attention
+    state.layer = Math.min(state.layer, shownKind(r).n_layers); // the encoder's may be fewer
     if (!r.influence) state.map = "attention"; // the toggle is off where none was computed
     render();
   }
@@ -546,11 +614,15 @@ window.onerror = function (message) {
     const head = headText === "mean" ? "mean" : parseInt(headText, 10);
     const view = p.get("view") || "step";
     const map = p.get("map") || "attention";
+    const kind = p.get("kind") || "cross";
     const out = { sentence: 0, layer: 1, head: "mean", view: "step", map: "attention",
-      spec: p.get("spec"), step: parseInt(p.get("step") || "1", 10) || 1 };
+      spec: p.get("spec"), step: parseInt(p.get("step") || "1", 10) || 1, kind: "cross" };
     if (sentence >= 1 && sentence <= DATA.records.length) out.sentence = sentence - 1;
     else wrong.push("sentence " + p.get("sentence"));
-    if (layer >= 1 && layer <= r0.n_layers && (head === "mean" || (head >= 1 && head <= r0.n_heads))) {
+    if (KINDS.includes(kind) && attentionOf(r0, kind)) out.kind = kind;
+    else wrong.push("kind " + kind);
+    const n_layers = attentionOf(r0, out.kind).n_layers;
+    if (layer >= 1 && layer <= n_layers && (head === "mean" || (head >= 1 && head <= r0.n_heads))) {
       out.layer = layer;
       out.head = head;
     } else wrong.push("layer " + p.get("layer") + ", head " + headText);
@@ -559,8 +631,17 @@ window.onerror = function (message) {
       out.map = map;
     } else wrong.push("map " + map);
     $("note").textContent = wrong.length ? "No map for " + wrong.join("; ") +
-      "; showing the first sentence, layer 1, head mean, attention where that was asked." : "";
+      "; showing the first sentence, cross-attention, layer 1, head mean, attention where " +
+      "that was asked." : "";
     setState(out);
+  }
+
+  // The Layer selector's options: the layers of the attention shown (encoder or decoder).
+  function setLayerOptions(n_layers) {
+    const select = $("layer-select");
+    if (select.options.length === n_layers) return;
+    select.textContent = "";
+    for (let l = 1; l <= n_layers; l++) option(select, String(l), String(l));
   }
 
   function setUpForm() {
@@ -582,11 +663,13 @@ window.onerror = function (message) {
     const r0 = DATA.records[0];
     DATA.records.forEach((r, k) => option($("sentence-select"), String(k), (k + 1) + ": " + r.source));
     $("sentence-picker").hidden = DATA.records.length < 2;
-    for (let l = 1; l <= r0.n_layers; l++) option($("layer-select"), String(l), String(l));
+    option($("attention-select"), "cross", "cross-attention (target reads source)");
+    Object.entries(r0.self_attention || {}).forEach(([kind, a]) => option($("attention-select"), kind, a.name));
     for (let h = 1; h <= r0.n_heads; h++) option($("head-select"), String(h), String(h));
     option($("head-select"), "mean", "mean");
     option($("where-select"), "all", "all");
     for (let l = 1; l <= r0.n_layers; l++) option($("where-select"), String(l), String(l));
+    $("masked-text").textContent = DATA.masked_legend;
     $("legend-bar").style.background =
       "linear-gradient(to right," + STOPS.map((c) => "rgb(" + c.join(",") + ")").join(",") + ")";
 
@@ -595,6 +678,7 @@ window.onerror = function (message) {
       setState({ sentence: +e.target.value, step: 1, spec: null });
     });
     $("layer-select").addEventListener("change", (e) => setState({ layer: +e.target.value }));
+    $("attention-select").addEventListener("change", (e) => setState({ kind: e.target.value }));
     $("head-select").addEventListener("change", (e) => {
       setState({ head: e.target.value === "mean" ? "mean" : +e.target.value });
     });
