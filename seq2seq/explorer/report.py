@@ -38,6 +38,7 @@ def attention_report(
     layer: int | str = "all",
     head: int | str = "mean",
     beam: int | None = None,
+    length_penalty: float | None = None,
     max_len: int | None = None,
     ban_eos: bool = False,
     words: bool = False,
@@ -53,7 +54,7 @@ def attention_report(
     ``layer`` is a layer number (from 1) or "all"; ``head`` a head number (from 1),
     "mean" or "all" (every head plus the mean, as a grid); both choose what PNG and SVG
     draw, while HTML and JSON hold every layer and head. ``beam``: None = the run's
-    ``decode.beam``, 1 = greedy. ``max_len`` replaces the run's ``a * S + b`` rule;
+    ``decode.beam``, 1 = greedy; ``length_penalty``: None = the run's. ``max_len`` replaces the run's ``a * S + b`` rule;
     ``ban_eos`` makes every output run to max_len. The format comes from ``fmt``, else
     ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` here. PNG and
     SVG take one sentence; HTML writes one page with a sentence picker, JSON one record
@@ -90,6 +91,7 @@ def attention_report(
         sentences,
         references,
         beam=beam,
+        length_penalty=length_penalty,
         max_len=max_len,
         ban_eos=ban_eos,
         words=words,
