@@ -38,6 +38,9 @@ VIEWS = {
     "explorer_influence.png": ("view=heatmap&map=influence&step=11", "#view-heatmap"),
     "explorer_self_attention.png": ("view=heatmap&kind=decoder&step=11", "#view-heatmap"),
 }
+# The beam search's tree of the same sentence, a page written with --beam TREE_BEAM.
+TREE = "explorer_tree.png"
+TREE_BEAM = 4
 SERVED = "serve_ban_eos.png"  # the served page with EOS banned, at its last step: max_len
 SERVED_FORM = {"text": SENTENCE, "max_len": "16", "ban_eos": "on"}
 SERVED_VIEW = "view=step&step=16"
@@ -95,6 +98,10 @@ def screenshots(run: Path, out: Path) -> list[Path]:
                 view, element = view if isinstance(view, tuple) else (view, None)
                 url = f"{page_file.as_uri()}#{view}"
                 made.append(_photograph(browser, url, out / name, element))
+            tree_file = Path(tmp) / "tree.html"
+            attention(run, "--beam", str(TREE_BEAM), "--no-interventions", "-o", str(tree_file))
+            url = f"{tree_file.as_uri()}#view=tree"
+            made.append(_photograph(browser, url, out / TREE, "#view-tree"))
             server = make_server(Translator.from_run(run, "cpu"), "127.0.0.1", 0)
             server.RequestHandlerClass.log_message = lambda *_: None  # no request log
             threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -12,16 +12,17 @@ import pytest
 from browser import N_HEADS, N_LAYERS, chromium, explorer_run_dir, not_blank, open_page
 
 from seq2seq.commands.cli import main
+from seq2seq.decoding.beam import gnmt_length_penalty
 from seq2seq.drawing.plotting import CAPTION
 from seq2seq.drawing.words import WORDS_NOTE
-from seq2seq.explorer.page import render_page
+from seq2seq.explorer.page import page_record, render_page
 from seq2seq.explorer.report import _tied_tokens, page_interventions
 from seq2seq.inspect import records as records_module
 from seq2seq.inspect.influence import TIE_NATS, agreement, influence_note, tie_nats
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["Ein Hund läuft über die Wiese.", "Eine Katze spielt mit einem Ball."]
-VIEWS = ["step", "heatmap", "lines", "model", "interventions"]
+VIEWS = ["step", "heatmap", "lines", "model", "interventions", "tree"]
 
 
 def write_report(run, folder, *args: str) -> tuple[str, list[dict]]:
@@ -460,3 +461,81 @@ def test_most_attended_follows_the_layer_and_head_chosen(report, browser):
     chosen = selected_agreement(record, layer=2, head=1)
     assert attended == [record["src_tokens"][j] for j in chosen["most_attended"]]
     assert "(cross-attention, layer 2, head 1)" in page.inner_text("#map-summary")
+
+
+@pytest.fixture(scope="module")
+def beam_report(run_dir, tmp_path_factory):
+    return write_report(
+        run_dir, tmp_path_factory.mktemp("beam"), "--beam", "4", "--no-interventions"
+    )
+
+
+def test_the_pages_length_penalty_is_the_searchs(beam_report):
+    """The page re-ranks with the penalty's constants and each ending's step count as the
+    tree gives them: that formula must be the search's, at its own alpha and at any other."""
+    _, records = beam_report
+    for record in records:
+        tree = page_record(record)["tree"]
+        base, scale = tree["penalty"]["base"], tree["penalty"]["scale"]
+        for e in tree["endings"]:
+            assert e["steps"] == len(e["tokens"])  # the EOS counted, as the search counts it
+            for alpha in (-1.0, 0.0, 0.6, tree["alpha"], 2.5):
+                page_penalty = ((base + e["steps"]) / scale) ** alpha
+                assert page_penalty == pytest.approx(gnmt_length_penalty(e["steps"], alpha))
+            assert e["score"] / ((base + e["steps"]) / scale) ** tree["alpha"] == pytest.approx(
+                e["normalized"], abs=2e-4
+            )
+        returned = [e for e in tree["endings"] if e["returned"]]
+        assert [e["translation"] for e in returned] == [
+            h["translation"] for h in record["hypotheses"]
+        ]
+        assert [e["normalized"] for e in returned] == pytest.approx(
+            [h["normalized_score"] for h in record["hypotheses"]], abs=1e-4
+        )
+
+
+def slide_to(page, alpha: float) -> list[list[str]]:
+    """Move the length-penalty slider as a user does (an input event); the ranked table."""
+    page.eval_on_selector(
+        "#alpha-slider", "(e, v) => { e.value = v; e.dispatchEvent(new Event('input')); }", alpha
+    )
+    return page.eval_on_selector_all(
+        "#endings tr:not(:first-child)",
+        "trs => trs.map(tr => [...tr.children].map(td => td.textContent))",
+    )
+
+
+def test_the_tree_draws_every_node_by_its_fate_and_the_slider_re_ranks(beam_report, browser):
+    url, records = beam_report
+    page = open_page(browser, url + "#view=tree")
+    tree = page_data(page)["records"][0]["tree"]
+    fates = page.eval_on_selector_all("#tree g.node", "gs => gs.map(g => g.dataset.fate)")
+    assert sorted(fates) == sorted(n["fate"] for n in tree["nodes"])
+    assert {"kept", "width", "eos"} <= set(fates)
+    # The search's own alpha: its ranking, its normalized scores, its choice first.
+    rows = slide_to(page, tree["alpha"])
+    assert rows[0][8] == "chosen" and rows[0][1] == page.inner_text("#translation")
+    assert [float(r[5]) for r in rows] == pytest.approx([float(r[6]) for r in rows], abs=2e-4)
+    orders = {}
+    for alpha in (-1.0, 0.0, 3.0):
+        rows = slide_to(page, alpha)
+        expected = sorted(
+            tree["endings"], key=lambda e: -e["score"] / gnmt_length_penalty(e["steps"], alpha)
+        )
+        assert [r[1] for r in rows] == [e["translation"] for e in expected]
+        assert page.get_attribute("body", "data-alpha") == f"{alpha:g}"
+        orders[alpha] = tuple(r[1] for r in rows)
+        why = page.inner_text("#ranking-why")
+        assert why.startswith("At") if rows[0][8] == "chosen" else "wins at" in why
+    assert len(set(orders.values())) > 1  # the penalty did re-rank what ended
+    # A click on a node shows its numbers and the attention row that scored it.
+    node = next(n for n in tree["nodes"] if n["fate"] == "width")
+    page.click(f"#tree g.node[data-node='{node['id']}']")
+    assert page.get_attribute("body", "data-node") == str(node["id"])
+    assert f"{node['logp']:.4f}" in page.inner_text("#node-info")
+    bars = page.eval_on_selector_all(
+        "#node-row span:nth-child(3n)", "s => s.map(x => +x.textContent)"
+    )
+    parent = tree["nodes"][node["parent"]]
+    assert bars == pytest.approx(parent["attention"][0], abs=1e-3)
+    assert "--reference" in page.inner_text("#node-influence-title")  # not on the chosen path

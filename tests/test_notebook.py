@@ -51,6 +51,16 @@ def test_inspect_holds_the_reports_record_by_name(run, dog):
     assert {"uniform:1", "uniform:all", "permuted:2"} <= held
 
 
+def test_under_beam_search_inspect_holds_the_tree_the_inline_explorer_draws(run, dog):
+    beamed = run.inspect(SENTENCE, beam=3, length_penalty=0.5, influence=False)
+    tree = beamed.beam_tree
+    assert tree["beam"] == 3 and tree["alpha"] == 0.5 and dog.beam_tree is None
+    (chosen,) = [e for e in tree["endings"] if e["chosen"]]
+    assert chosen == tree["endings"][0] and chosen["translation"] == beamed.translation
+    assert sum(n["fate"] in ("kept", "max_len") for n in tree["nodes"] if n["step"] == 1) == 3
+    assert 'data-view="tree"' in html.unescape(beamed._repr_html_())
+
+
 def test_heatmap_is_a_figure_of_a_panel_per_layer(dog, tmp_path):
     fig = dog.heatmap()
     assert isinstance(fig, Figure)

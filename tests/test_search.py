@@ -1,8 +1,9 @@
 """Search: beam 1 == greedy, cached == uncached, batched == one at a time, stop reasons,
 length limits, n-best order, attention shapes and back-pointer tracing (== force_decode),
-and a deadline checked at every step."""
+a deadline checked at every step, and the search's tree (recorded, the same output)."""
 
 import copy
+import math
 import time
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from helpers import V, eos_probs_as_searched
 from helpers import tiny_model as tiny
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding.beam import gnmt_length_penalty
@@ -22,6 +25,7 @@ from seq2seq.decoding.search import (
     step_probs,
     translate_batch,
 )
+from seq2seq.decoding.tree import MAX_STEPS, SearchTree
 from seq2seq.errors import Seq2SeqError
 from seq2seq.inspect.influence import occlude
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -409,3 +413,108 @@ def test_a_passed_deadline_stops_every_search_at_its_next_step():
             with pytest.raises(DeadlinePassed):
                 search()
     assert beam_search(model, src, decode) == expected
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    k=st.integers(2, 5),
+    alpha=st.sampled_from([-1.0, 0.0, 0.6, 1.0, 2.0]),
+    lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    ban_eos=st.booleans(),
+    seed=st.integers(0, 20),
+)
+def test_recording_the_tree_changes_nothing_decoded(k, alpha, lengths, ban_eos, seed):
+    src, model = sources(lengths, seed=seed), tiny(n_enc_layers=1, n_dec_layers=1, seed=seed)
+    decode = DecodeConfig(beam=k, nbest=k, length_penalty=alpha, ban_eos=ban_eos)
+    plain = flat(beam_search(model, src, decode))
+    assert_same(plain, flat(beam_search(model, src, decode, tree=SearchTree())))
+    recorded = beam_search(model, src, decode, tree=SearchTree(), need_weights=True)
+    assert_same(plain, flat(recorded))
+
+
+def tree_of(model, src, decode, max_steps=MAX_STEPS):
+    tree = SearchTree(max_steps)
+    hyps = beam_search(model, src, decode, tree=tree, need_weights=True)
+    return tree.trees, hyps
+
+
+def path_of(tree, node):
+    tokens = []
+    while node.parent is not None:
+        tokens.append(node.token)
+        node = tree.nodes[node.parent]
+    return tokens[::-1]
+
+
+@pytest.mark.parametrize(("k", "alpha"), [(3, 1.0), (4, 0.0)])
+def test_each_steps_kept_nodes_are_the_beam_and_the_pruned_score_below_them(k, alpha, trained):
+    src = sources([6, 4], seed=13)
+    trees, hyps = tree_of(trained, src, DecodeConfig(beam=k, nbest=k, length_penalty=alpha))
+    for b, tree in enumerate(trees):
+        steps = {}
+        for node in tree.nodes[1:]:
+            steps.setdefault(node.step, []).append(node)
+            parent = tree.nodes[node.parent]
+            assert node.score == pytest.approx(parent.score + node.logp, abs=1e-4)
+            assert node.normalized == pytest.approx(
+                node.score / gnmt_length_penalty(node.step, alpha), abs=1e-4
+            )
+        assert sorted(steps) == list(range(1, tree.end["step"] + 1))
+        for nodes in steps.values():
+            kept = [x for x in nodes if x.fate in ("kept", "max_len")]
+            assert len(kept) == k  # the beam: K open hypotheses, EOS never among them
+            assert all(x.token != EOS_ID for x in kept)
+            for x in nodes:
+                better = sum(y.score > x.score for y in nodes)
+                if x.fate == "width" and x.token != EOS_ID:
+                    assert x.score <= min(y.score for y in kept) + 1e-6
+                elif x.fate == "width":  # an EOS outside the K best candidates
+                    assert better >= k
+                elif x.fate == "eos":
+                    assert x.token == EOS_ID and better < k
+            # Every node's children are its W best continuations: what teacher-forcing says.
+            for parent_id in {x.parent for x in nodes}:
+                parent = tree.nodes[parent_id]
+                path = path_of(tree, parent)
+                logp = step_probs(trained, src[b : b + 1], [*path, EOS_ID]).log()[-1]
+                children = {x.token: x.logp for x in nodes if x.parent == parent_id}
+                assert len(children) == tree.width
+                best = logp.topk(tree.width).indices.tolist()
+                assert set(children) == set(best)
+                for token, lp in children.items():
+                    assert lp == pytest.approx(float(logp[token]), abs=1e-4)
+        # What the search returned is the best of what ended, by normalized score.
+        ranked = sorted(tree.endings, key=lambda e: -e.normalized)[:k]
+        assert [e.tokens for e in ranked] == [h.tokens for h in hyps[b]]
+        assert [e.score for e in ranked] == pytest.approx([h.score for h in hyps[b]], abs=1e-4)
+        if tree.end["reason"] == "early":
+            assert tree.end["best_open"] <= tree.end["worst_finished"]
+
+
+def test_a_banned_eos_is_recorded_with_the_models_probability_and_every_end_is_max_len(trained):
+    src = sources([5], seed=14)
+    decode = DecodeConfig(beam=3, nbest=3, ban_eos=True, max_len_a=0.0, max_len_b=6)
+    (tree,), _ = tree_of(trained, src, decode)
+    banned = [x for x in tree.nodes if x.fate == "eos_ban"]
+    assert len(banned) == len({x.parent for x in tree.nodes[1:]})  # one per beam expanded
+    assert {x.fate for x in tree.nodes} >= {"kept", "max_len", "eos_ban", "width"}
+    assert "eos" not in {x.fate for x in tree.nodes}
+    assert {e.stop_reason for e in tree.endings} == {"max_len"} and tree.end["step"] == 6
+    first = next(x for x in banned if x.step == 1)
+    p_eos = float(step_probs(trained, src, [EOS_ID])[0, EOS_ID])
+    assert first.logp == pytest.approx(math.log(p_eos), abs=1e-4)
+
+
+def test_past_its_step_cap_the_tree_keeps_only_what_ended(trained):
+    src = sources([6], seed=13)
+    decode = DecodeConfig(beam=3, nbest=3)
+    (whole,), _ = tree_of(trained, src, decode)
+    (capped,), _ = tree_of(trained, src, decode, max_steps=2)
+    assert capped.truncated and not whole.truncated
+    assert max(x.step for x in capped.nodes) == 2
+    assert [(e.tokens, e.score) for e in capped.endings] == [
+        (e.tokens, e.score) for e in whole.endings
+    ]
+    assert all(e.node is None for e in capped.endings if e.step > 2)
+    parents = {x.parent for x in whole.nodes[1:]}
+    assert all(whole.nodes[p].attention.shape == (1, 4, 6) for p in parents)  # (L, H, S)

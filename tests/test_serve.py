@@ -127,6 +127,27 @@ def test_ban_eos_changes_only_the_length(server, browser):
     assert chosen[: free["stop_step"] - 1] == [s["token"] for s in free["steps"]][:-1]
 
 
+def test_beam_and_length_penalty_decode_again_and_the_tree_follows(
+    server, browser, run_dir, capsys
+):
+    url, _, _ = server
+    page = open_page(browser, url)
+    page.fill("#beam", "3")
+    page.fill("#length-penalty", "0")  # not the run's 1.0
+    submit(page, SENTENCE)
+    (record,) = page_records(page)
+    command = ["translate", str(run_dir), SENTENCE, "--beam", "3", "--length-penalty", "0"]
+    assert main([*command, "--device", "cpu"]) == 0
+    assert page.inner_text("#translation") == capsys.readouterr().out.rstrip("\n")
+    assert record["tree"]["alpha"] == 0.0 and record["tree"]["beam"] == 3
+    assert page.input_value("#length-penalty") == "0"  # the form keeps what was asked
+    page.click("button[data-view=tree]")
+    shown = page.eval_on_selector_all("#tree g.node", "gs => gs.length")
+    assert shown == len(record["tree"]["nodes"])
+    assert float(page.input_value("#alpha-slider")) == 0.0
+    assert "form above" in page.inner_text("#alpha-note")
+
+
 def test_influence_is_computed_when_ticked_and_the_heatmap_toggles_to_it(server, browser):
     url, _, _ = server
     page = open_page(browser, url)
@@ -225,6 +246,9 @@ def error_shown(page: str) -> str:
         (b"text=" + b"a" * MAX_BODY_BYTES, 413, f"at most {MAX_BODY_BYTES}"),
         (b"text=x&max_len=-3", 400, "max_len must be a whole number"),
         (b"text=x&beam=999", 400, "beam must be a whole number"),
+        (b"text=x&beam=0", 400, "beam must be a whole number from 1 to"),
+        (b"text=x&beam=3&length_penalty=nan", 400, "length_penalty must be a number from -10"),
+        (b"text=x&beam=3&length_penalty=11", 400, "length_penalty must be a number from -10"),
         ("text=x&beam=²".encode(), 400, "beam must be a whole number"),  # "²".isdigit()
         (b"text=x&max_len=%C2%B2", 400, "max_len must be a whole number"),
         ("text=" + "x\n" * 11, 400, "at most 10 at a time"),
@@ -452,9 +476,10 @@ def test_an_internal_error_is_a_generic_page_and_logged(translator, monkeypatch,
 
 def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(translator, monkeypatch):
     """With EOS banned every output runs to max_len, so the page's map of a hypothesis holds
-    exactly the weights the cap counts for it: the cap takes beam hypotheses of that size,
-    plus one occlusion pass per source subword with influence, plus the chosen output's
-    self-attention (encoder and decoder), and refuses one weight more."""
+    exactly the weights the cap counts for it: the cap takes beam hypotheses of that size (and
+    under beam search as many again, for the tree's rows), plus one occlusion pass per source
+    subword with influence, plus the chosen output's self-attention (encoder and decoder), and
+    refuses one weight more."""
     decoded = []
 
     def recording(*args, **kwargs):
@@ -480,11 +505,11 @@ def test_the_work_of_one_request_is_capped_counting_the_beam_and_influence(trans
             assert status == 200 or f"at most {cap:,} at a time" in error_shown(page)
             return status == 400
 
-        assert not refused(f"{form}20&beam=2", 2 * hypothesis + own)
-        assert refused(f"{form}20&beam=2", 2 * hypothesis + own - 1)
+        assert not refused(f"{form}20&beam=2", 4 * hypothesis + own)
+        assert refused(f"{form}20&beam=2", 4 * hypothesis + own - 1)
         assert refused(f"{form}20&beam=2", hypothesis + own)  # a cap blind to the beam let it pass
-        assert refused(f"{form}20&beam=2", 2 * hypothesis)  # or blind to the self-attention
-        assert refused(f"{form}21&beam=2", 2 * hypothesis + own)
+        assert refused(f"{form}20&beam=2", 4 * hypothesis)  # or blind to the self-attention
+        assert refused(f"{form}21&beam=2", 4 * hypothesis + own)
         assert not refused(f"{form}20&beam=1&influence=on", hypothesis + occluded + own)
         assert refused(f"{form}20&beam=1&influence=on", hypothesis + occluded + own - 1)
     assert len(decoded) == 3  # the refused requests decoded nothing

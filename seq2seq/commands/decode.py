@@ -86,6 +86,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     )
     _add_map_choice(p)
     _add_beam_option(p)
+    _add_length_penalty_option(p)
     p.add_argument(
         "--max-len",
         type=whole_number_arg,
@@ -171,6 +172,14 @@ def _add_beam_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_length_penalty_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--length-penalty",
+        type=finite_number_arg,
+        help="GNMT alpha for beam search (default: the run's decode.length_penalty)",
+    )
+
+
 def _add_ban_eos_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ban-eos", action="store_true", help="never stop at EOS: every output runs to max_len"
@@ -193,6 +202,7 @@ def _run_attention(args: argparse.Namespace) -> int:
             head=args.head,
             kind=args.kind,
             beam=args.beam,
+            length_penalty=args.length_penalty,
             max_len=args.max_len,
             ban_eos=args.ban_eos,
             words=args.words,
@@ -259,7 +269,7 @@ def _add_search_args(p: argparse.ArgumentParser) -> None:
     """Decoding options shared by ``translate`` and ``evaluate``; unset ones come from the
     run's ``decode`` config section."""
     _add_beam_option(p)
-    p.add_argument("--length-penalty", type=finite_number_arg, help="GNMT alpha for beam search")
+    _add_length_penalty_option(p)
     p.add_argument(
         "--max-len-a", type=finite_number_arg, help="max output subwords = a * source subwords + b"
     )

@@ -17,10 +17,12 @@ from torch import Tensor
 
 from seq2seq.vocab import EOS_ID
 
+GNMT_BASE, GNMT_SCALE = 5, 6  # GNMT's constants; the explorer's page re-ranks with them too
+
 
 def gnmt_length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     """GNMT's ``((5 + length) / 6) ** alpha``; ``length`` counts output tokens incl. EOS."""
-    return ((5 + length) / 6) ** alpha
+    return ((GNMT_BASE + length) / GNMT_SCALE) ** alpha
 
 
 @dataclass

@@ -37,6 +37,7 @@ from torch.nn.utils.rnn import pad_sequence
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding import beam
 from seq2seq.decoding.deadline import check_deadline
+from seq2seq.decoding.tree import SearchTree
 from seq2seq.model.masks import padding_mask
 from seq2seq.model.transformer import Seq2Seq
 from seq2seq.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -130,7 +131,12 @@ def greedy_search(
 
 
 def beam_search(
-    model: Seq2Seq, src: Tensor, decode: DecodeConfig, *, need_weights: bool = False
+    model: Seq2Seq,
+    src: Tensor,
+    decode: DecodeConfig,
+    *,
+    need_weights: bool = False,
+    tree: SearchTree | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search for a whole batch: ``decode.nbest`` distinct hypotheses per sentence, best
     first, with ``K = decode.beam`` beams and GNMT length penalty ``decode.length_penalty``.
@@ -148,6 +154,8 @@ def beam_search(
     is exact; for ``> 0`` a longer hypothesis could still win through the growing penalty,
     and this is the usual heuristic (fairseq, Hugging Face ``early_stopping=False``). It
     makes ``beam=1`` equal greedy search for every ``length_penalty``.
+    ``tree`` (``seq2seq.decoding.tree``) records every step's candidates and their fates, per
+    sentence (with ``need_weights``, their cross-attention); it changes nothing decoded.
 
     Shapes:
         src: (B, S), right-padded with PAD_ID -> B lists of up to ``nbest`` hypotheses
@@ -158,13 +166,7 @@ def beam_search(
         memory, src_mask, max_lens = _encode(model, src, decode)
         b, device = src.shape[0], src.device
         limit = torch.tensor(max_lens, device=device)  # (B,)
-        # Cached, a sentence's beams share its one copy of the cross-attention K/V.
-        rows_memory, rows_mask = memory, src_mask
-        if not use_cache:
-            rows_memory, rows_mask = (
-                memory.repeat_interleave(k, 0),
-                src_mask.repeat_interleave(k, 0),
-            )
+        rows_memory, rows_mask = _beam_memory(memory, src_mask, k, use_cache)
         cache = model.new_cache() if use_cache else None
         prefix = torch.full((b * k, 1), BOS_ID, device=device)  # (B*K, 1 + n)
         scores = torch.zeros(b, k, device=device)
@@ -172,6 +174,8 @@ def beam_search(
         first_row = torch.arange(b, device=device)[:, None] * k  # (B, 1): beam 0 of each
         finished = beam.Endings.empty(b, k, device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
+        if tree is not None:
+            tree.start(decode, src_mask.view(b, -1).sum(1).tolist())
         tokens, parents, step_weights = [], [], []  # per step (B*K,), (B*K,), (B*K, L, H, S)
         for n in range(1, max(max_lens) + 1):
             check_deadline()
@@ -184,11 +188,15 @@ def beam_search(
             logp = _next_logprobs(logits, decode.ban_eos).view(b, k, -1)  # (B, K, V)
             candidates = beam.expand(scores, logp, first_row, n)
             finished = finished.merge(beam.finish_at_eos(candidates, k, done, alpha), k)
+            open_scores, was_done = scores, done
             scores, parent, token = beam.prune(candidates, k)
             at_limit = ~done & (limit == n)
             ends = beam.finish_at_limit(scores, parent, token, at_limit, alpha=alpha, step=n)
             finished = finished.merge(ends, k)
             done = beam.is_done(done | at_limit, finished, scores, alpha=alpha, step=n, k=k)
+            if tree is not None:
+                tree.add_step(n, open_scores, logp, candidates, (scores, parent, token),
+                              at_limit, (was_done, done), finished, step_weights, logits)  # fmt: skip
             tokens.append(token.flatten())
             parents.append(parent.flatten())
             if done.all():
@@ -196,14 +204,7 @@ def beam_search(
             if cache is not None:
                 cache.reorder(parent.flatten())
             prefix = torch.cat([prefix.index_select(0, parent.flatten()), token.view(-1, 1)], 1)
-        return _collect(
-            finished,
-            nbest=decode.nbest,
-            tokens=tokens,
-            parents=parents,
-            step_weights=step_weights,
-            src_mask=src_mask,
-        )
+        return _collect(finished, decode.nbest, tokens, parents, step_weights, src_mask)
 
 
 def translate_batch(
@@ -278,6 +279,16 @@ def _check(model: Seq2Seq, decode: DecodeConfig | None = None) -> None:
         decode.check()
 
 
+def _beam_memory(
+    memory: Tensor, src_mask: Tensor, k: int, use_cache: bool
+) -> tuple[Tensor, Tensor]:
+    """The memory and source mask each beam row reads: cached, a sentence's beams share its
+    one copy of the cross-attention K/V; uncached, every row has its own. (B or B*K, ...)"""
+    if use_cache:
+        return memory, src_mask
+    return memory.repeat_interleave(k, 0), src_mask.repeat_interleave(k, 0)
+
+
 def _encode(model: Seq2Seq, src: Tensor, decode: DecodeConfig) -> tuple[Tensor, Tensor, list[int]]:
     """Memory (B, S, D), source mask (B, 1, 1, S) and each sentence's max_len."""
     src_mask = padding_mask(src)
@@ -296,7 +307,8 @@ def _next_logprobs(logits: Tensor, ban_eos: bool) -> Tensor:
     softmax, so a hypothesis' score stays the model's log-prob of its tokens (what
     ``force_decode`` computes)."""
     last = logits[:, -1].float()
-    if ban_eos:
+    if ban_eos:  # on a copy: the logits stay the model's, which the search's tree reads
+        last = last.clone()
         last[:, EOS_ID] = float("-inf")
     logp = last.log_softmax(-1)
     for never_output in (PAD_ID, BOS_ID):  # integer indices: no list copied to the device
@@ -311,7 +323,6 @@ def _last_weights(weights: list[Tensor]) -> Tensor:
 
 def _collect(
     finished: beam.Endings,
-    *,
     nbest: int,
     tokens: list[Tensor],
     parents: list[Tensor],

@@ -2,8 +2,9 @@
 page (``page.render_page``) or an intervention's JSON, within what one request may ask.
 
 Each request's sentences (one per line) are decoded with the same code as ``seq2seq
-attention`` (``records.sentence_records``); beam, max_len and "ban EOS" change the decoding,
-"influence" adds the occlusion map. Bad input is a ``Seq2SeqError`` with its message on the
+attention`` (``records.sentence_records``); beam, length penalty, max_len and "ban EOS"
+change the decoding (and beam search's tree with it), "influence" adds the occlusion map.
+Bad input is a ``Seq2SeqError`` with its message on the
 page (400). The model serves one request at a time, under one lock; a request may ask for at
 most ``MAX_WEIGHTS`` attention weights (``Explorer.work``), and one not decoded within
 ``DEADLINE`` seconds, waiting for the model included, gets 503 and frees the model at the
@@ -22,7 +23,7 @@ from typing import TypeVar
 from seq2seq.decoding.deadline import DeadlinePassed, deadline
 from seq2seq.decoding.search import max_output_length
 from seq2seq.decoding.translate import Translator
-from seq2seq.errors import Seq2SeqError, whole_number
+from seq2seq.errors import Seq2SeqError, finite_number, whole_number
 from seq2seq.explorer.page import render_page
 from seq2seq.inspect.records import sentence_interventions, sentence_records
 
@@ -39,6 +40,7 @@ MAX_SENTENCES = 10  # lines per request
 # (experiments/robustness/serve_load.py measures both).
 MAX_BEAM = 8
 MAX_LEN = 256
+MAX_LENGTH_PENALTY = 10.0  # DecodeConfig's bound: beyond it ((5 + len) / 6) ** alpha overflows
 MAX_WEIGHTS = 1 << 20
 DEADLINE = 60.0  # seconds a request may wait for the model and decode
 TITLE = "Attention explorer"
@@ -51,6 +53,19 @@ def _number(form: dict, key: str, largest: int) -> int | None:
     value = whole_number(text)
     if value is None or not 1 <= value <= largest:
         raise Seq2SeqError(f"{key} must be a whole number from 1 to {largest}, got '{text[:20]}'")
+    return value
+
+
+def _length_penalty(form: dict) -> float | None:
+    text = form.get("length_penalty", "").strip()
+    if not text:
+        return None
+    value = finite_number(text)
+    if value is None or abs(value) > MAX_LENGTH_PENALTY:
+        raise Seq2SeqError(
+            f"length_penalty must be a number from -{MAX_LENGTH_PENALTY:g} to "
+            f"{MAX_LENGTH_PENALTY:g}, got '{text[:20]}'"
+        )
     return value
 
 
@@ -69,6 +84,7 @@ class Explorer:
         shown = {
             "text": form.get("text", ""),
             "beam": form.get("beam", ""),
+            "length_penalty": form.get("length_penalty", ""),
             "max_len": form.get("max_len", ""),
             "ban_eos": bool(form.get("ban_eos")),
             "words": bool(form.get("words")),
@@ -103,6 +119,7 @@ class Explorer:
         sentences = _sentences(form.get("text", ""))
         max_len = _number(form, "max_len", self._longest())
         beam = _number(form, "beam", MAX_BEAM)
+        length_penalty = _length_penalty(form)
         influence = bool(form.get("influence"))
         k = beam or self.translator.config.decode.beam
         self._check_work(self.work(sentences, max_len, k, influence), influence)
@@ -112,6 +129,7 @@ class Explorer:
                 self.translator,
                 sentences,
                 beam=beam,
+                length_penalty=length_penalty,
                 max_len=max_len,
                 ban_eos=bool(form.get("ban_eos")),
                 words=bool(form.get("words")),
@@ -176,7 +194,8 @@ class Explorer:
     ) -> int:
         """The attention weights a request may compute or keep, with each output as long as
         its length limit allows: (output x source subwords) x layers x heads, per sentence
-        times the ``beam`` hypotheses kept, plus one occlusion pass per source subword
+        times the ``beam`` hypotheses kept and, under beam search, as many again for the
+        search's tree (a row per beam a step), plus one occlusion pass per source subword
         with ``influence``, plus ``decodings`` more (greedy) decodings; and the chosen
         output's self-attention, source x source per encoder layer and output x output
         per decoder layer, times the heads."""
@@ -186,7 +205,8 @@ class Explorer:
         weights = 0
         for sentence in sentences:
             src_len = min(len(tok.encode(sentence, "src")), self.translator.max_src_len) + 1
-            passes = beam + (src_len if influence else 0) + decodings
+            tree = beam if beam > 1 else 0
+            passes = beam + tree + (src_len if influence else 0) + decodings
             out_len = max_output_length(src_len, a, b, config.max_positions)
             cross = passes * out_len * src_len * config.n_dec_layers
             own = config.n_enc_layers * src_len**2 + config.n_dec_layers * out_len**2

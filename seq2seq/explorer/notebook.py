@@ -3,8 +3,9 @@
 ``load(run)`` returns a ``LoadedRun``: ``translate`` takes a string or a list (strings back,
 ``Translation`` objects with ``full=True``); ``inspect`` takes one sentence and returns an
 ``Inspection`` holding its record (``records.sentence_records``: the translation, the attention
-maps, cross and self, the influence map, the stop reason), which a notebook shows as the
-explorer. Its ``heatmap`` is a matplotlib figure of any kind of attention; ``intervene`` and ``mask`` decode again under an
+maps, cross and self, the influence map, the stop reason, beam search's tree), which a
+notebook shows as the explorer. Its ``heatmap`` is a matplotlib figure of any kind of
+attention; ``intervene`` and ``mask`` decode again under an
 intervention and return an ``InterventionResult`` that shows the translation before and after.
 
 Inline, the explorer is the page ``seq2seq attention -o page.html`` writes, inside an
@@ -88,13 +89,15 @@ class LoadedRun:
         sentence: str,
         *,
         beam: int = 1,
+        length_penalty: float | None = None,
         max_len: int | None = None,
         ban_eos: bool = False,
         words: bool = False,
         influence: bool = True,
     ) -> Inspection:
-        """One sentence translated (greedy unless ``beam``) with everything the explorer
-        shows: see ``records.sentence_records`` for the options; every page intervention
+        """One sentence translated (greedy unless ``beam``; ``length_penalty``: None = the
+        run's) with everything the explorer shows, under beam search its tree: see
+        ``records.sentence_records`` for the options; every page intervention
         (``report.page_interventions``) is decoded too."""
         message = _unshowable(self.translator, sentence)
         if message:
@@ -103,8 +106,8 @@ class LoadedRun:
         specs = [spec.text for spec in report.page_interventions(n_layers)]
         options = {"max_len": max_len, "ban_eos": ban_eos, "words": words}
         (record,) = records.sentence_records(
-            self.translator, [sentence], beam=beam, influence=influence,
-            interventions=specs, **options,
+            self.translator, [sentence], beam=beam, length_penalty=length_penalty,
+            influence=influence, interventions=specs, **options,
         )  # fmt: skip
         return Inspection(self, sentence, record, _stop_message(record), options)
 
@@ -202,6 +205,13 @@ class Inspection:
     def influence(self) -> np.ndarray | None:
         """What hiding each source column costs each output token, in nats: (Tq, Tk)."""
         return self._part("influence")
+
+    @property
+    def beam_tree(self) -> dict | None:
+        """Beam search's tree (``seq2seq.inspect.beam_tree.tree_record``): every step's
+        candidates with their scores and fate, and every hypothesis that ended, best first;
+        None under greedy search. Inline, the explorer's "Beam search tree" tab draws it."""
+        return self._part("tree")
 
     def _shown(self) -> dict:
         if self.record is None:

@@ -1,13 +1,14 @@
 """The attention explorer: one self-contained HTML page (no network) for decoded sentences.
 
 The page is ``templates/explorer.html`` with its stylesheet and script inlined, and the
-sentences' records (``records.sentence_records``) as a JSON block. It has five
+sentences' records (``records.sentence_records``) as a JSON block. It has six
 views of one sentence: a step-through of decoding (with, per row, whether the most-attended
 source position is the most influential one), the heatmap (attention or, toggled,
 influence by occlusion, each with its own legend), a line view, a model view (a thumbnail
-per layer and head) and the interventions; a sentence picker when there are several, an
-attention selector (cross, the encoder's self-attention or the decoder's masked one, for the
-heatmap, line and model views), layer and head selectors, and the caption at the top. ``seq2seq serve`` renders the same
+per layer and head), the interventions and, under beam search, the search's tree; a sentence
+picker when there are several, an attention selector (cross, the encoder's self-attention or
+the decoder's masked one, for the heatmap, line and model views), layer and head selectors,
+and the caption at the top. ``seq2seq serve`` renders the same
 page with a form above it (``form`` and ``error``), and its interventions panel asks the
 server for new ones; a written page shows those it holds.
 
@@ -33,7 +34,7 @@ from seq2seq.fileio import atomic_write_text
 _RECORD_KEYS = (
     "source", "reference", "translation", "decoding", "teacher_forced", "beam", "ban_eos",
     "max_len", "stop_reason", "stop_step", "notes", "steps", "step_rows", "hypotheses",
-    "word_level",
+    "word_level", "length_penalty",
 )  # fmt: skip
 
 
@@ -135,6 +136,26 @@ def _self_attention(record: dict) -> dict:
     return shown
 
 
+def _page_tree(tree: dict | None, digits: int = 3) -> dict | None:
+    """The search's tree as the page draws it: each expanded node's attention row as the head
+    mean of every layer, which keeps a tree of K (K + 1) nodes a step to a few kB a step.
+
+    Shapes: attention (L, H, Tk) -> (L, Tk)
+    """
+    if tree is None:
+        return None
+    nodes = [
+        {
+            **node,
+            "attention": None
+            if node["attention"] is None
+            else np.round(np.mean(node["attention"], axis=1), digits).tolist(),
+        }
+        for node in tree["nodes"]
+    ]
+    return {**tree, "nodes": nodes}
+
+
 def page_record(record: dict) -> dict:
     """What the page's script needs of one record."""
     weights = np.asarray(record["weights"], dtype=np.float64)
@@ -149,6 +170,7 @@ def page_record(record: dict) -> dict:
         step_maps=None,
         influence=_influence_map(record),
         interventions=record.get("interventions") or [],
+        tree=_page_tree(record.get("tree")),
     )
     if record.get("step_weights") is not None:
         out["step_maps"] = _maps(np.asarray(record["step_weights"]), None)

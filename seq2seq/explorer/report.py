@@ -40,6 +40,7 @@ def attention_report(
     head: int | str = "mean",
     kind: str = "cross",
     beam: int | None = None,
+    length_penalty: float | None = None,
     max_len: int | None = None,
     ban_eos: bool = False,
     words: bool = False,
@@ -57,8 +58,8 @@ def attention_report(
     (the decoder's reading of the source), "encoder" (the source's self-attention) or
     "decoder" (the decoder's masked self-attention, ``records.KINDS``); the three choose
     what PNG and SVG draw and the table prints, while HTML and JSON hold every kind, layer
-    and head. ``beam``: None = the run's
-    ``decode.beam``, 1 = greedy. ``max_len`` replaces the run's ``a * S + b`` rule;
+    and head. ``beam``: None = the run's ``decode.beam``, 1 = greedy; ``length_penalty``:
+    None = the run's. ``max_len`` replaces the run's ``a * S + b`` rule;
     ``ban_eos`` makes every output run to max_len. The format comes from ``fmt``, else
     ``out``'s suffix, else PNG; ``out`` defaults to ``attention.<format>`` here. PNG and
     SVG take one sentence; HTML writes one page with a sentence picker, JSON one record
@@ -97,6 +98,7 @@ def attention_report(
         sentences,
         references,
         beam=beam,
+        length_penalty=length_penalty,
         max_len=max_len,
         ban_eos=ban_eos,
         words=words,

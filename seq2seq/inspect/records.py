@@ -45,14 +45,17 @@ import torch
 from seq2seq.config import DecodeConfig
 from seq2seq.decoding.search import (
     Hypothesis,
+    beam_search,
     force_decode,
+    greedy_search,
     max_output_length,
     step_probs,
-    translate_batch,
 )
 from seq2seq.decoding.translate import Translator, one_line
+from seq2seq.decoding.tree import SearchTree
 from seq2seq.drawing import plotting, words
 from seq2seq.errors import Seq2SeqError
+from seq2seq.inspect.beam_tree import tree_in_words, tree_record
 from seq2seq.inspect.influence import agreement, influence_note, occlude, tie_nats
 from seq2seq.inspect.interventions import Spec, intervention_records, parse_spec
 from seq2seq.model.transformer import Seq2Seq
@@ -68,6 +71,7 @@ def sentence_records(
     references: list[str] | None = None,
     *,
     beam: int | None = None,
+    length_penalty: float | None = None,
     max_len: int | None = None,
     ban_eos: bool = False,
     words: bool = False,
@@ -85,7 +89,8 @@ def sentence_records(
     steps (per step: step, token, prob, top [{token, prob}], p_eos), hypotheses
     ({translation, length, score, normalized_score, stop_reason, chosen}, best first),
     word_level (the merge rule, or None), step_rows and step_weights (see ``_to_words``),
-    caption. With ``influence``: influence (Tq, Tk) array, the occlusion map
+    caption; tree: under beam search the search's tree (``seq2seq.inspect.beam_tree``), else
+    None; length_penalty. With ``influence``: influence (Tq, Tk) array, the occlusion map
     (``seq2seq.inspect.influence``; a target word's row sums its subwords', a source word is
     hidden whole), most_attended (of the mean over layers and heads), most_influential, tied
     and agree (None where tied), per row (``seq2seq.inspect.influence.agreement``), and
@@ -104,7 +109,7 @@ def sentence_records(
     if max_len is not None and max_len < 1:
         raise Seq2SeqError(f"--max-len must be at least 1, got {max_len}")
     specs = [parse_spec(text, translator.model.config.n_dec_layers) for text in interventions]
-    decode = _decode_config(translator, beam, max_len, ban_eos)
+    decode = _decode_config(translator, beam, max_len, ban_eos, length_penalty)
     refs = references or [None] * len(sentences)
     records = [
         _record(translator, s, r, decode, influence=influence, specs=specs, by_word=words)
@@ -158,14 +163,20 @@ def check_sentences(translator: Translator, sentences: list[str]) -> None:
 
 
 def _decode_config(
-    translator: Translator, beam: int | None, max_len: int | None, ban_eos: bool
+    translator: Translator,
+    beam: int | None,
+    max_len: int | None,
+    ban_eos: bool,
+    length_penalty: float | None = None,
 ) -> DecodeConfig:
-    """The run's decoding with the given beam (None: the run's), max_len (None: the run's
-    ``a * S + b``) and ban_eos."""
+    """The run's decoding with the given beam and length penalty (None: the run's), max_len
+    (None: the run's ``a * S + b``) and ban_eos."""
     k = beam if beam is not None else translator.config.decode.beam
     overrides = {"max_len_a": 0.0, "max_len_b": max_len} if max_len is not None else {}
     # nbest = beam: every finished hypothesis, which leaves the chosen one as it is
-    return translator.config.decode.with_overrides(beam=k, nbest=k, ban_eos=ban_eos, **overrides)
+    return translator.config.decode.with_overrides(
+        beam=k, nbest=k, ban_eos=ban_eos, length_penalty=length_penalty, **overrides
+    )
 
 
 class _Source(NamedTuple):
@@ -194,6 +205,26 @@ def _source(translator: Translator, sentence: str, by_word: bool) -> _Source:
     return _Source(src, src_tokens, columns, words.words_of(src_tokens, tok.special_pieces), notes)
 
 
+def _decode(
+    translator: Translator, src: torch.Tensor, reference: str | None, decode: DecodeConfig
+) -> tuple[list[Hypothesis], SearchTree | None]:
+    """The sentence's hypotheses, best first: greedy search's, beam search's with its tree,
+    or the reference teacher-forced."""
+    model = translator.model
+    if reference is None and decode.beam > 1:
+        tree = SearchTree()
+        return beam_search(model, src, decode, need_weights=True, tree=tree)[0], tree
+    if reference is None:
+        return greedy_search(model, src, decode, need_weights=True), None
+    ref_ids = translator.tokenizer.encode(reference, "tgt")
+    if len(ref_ids) + 1 > model.config.max_positions:
+        raise Seq2SeqError(
+            f"the reference has {len(ref_ids)} subwords; the model takes at most "
+            f"{model.config.max_positions - 1}"
+        )
+    return force_decode(model, src, [ref_ids]), None
+
+
 def _record(
     translator: Translator,
     sentence: str,
@@ -209,16 +240,7 @@ def _record(
     tok, model = translator.tokenizer, translator.model
     src, src_tokens, columns, src_units, notes = _source(translator, sentence, by_word)
     with translator.numerics():
-        if reference is None:
-            hyps = translate_batch(model, src, decode, need_weights=True)[0]
-        else:
-            ref_ids = tok.encode(reference, "tgt")
-            if len(ref_ids) + 1 > model.config.max_positions:
-                raise Seq2SeqError(
-                    f"the reference has {len(ref_ids)} subwords; the model takes at most "
-                    f"{model.config.max_positions - 1}"
-                )
-            hyps = force_decode(model, src, [ref_ids])
+        hyps, tree = _decode(translator, src, reference, decode)
         chosen = hyps[0]
         tgt_ids = chosen.tokens + [EOS_ID] if chosen.stop_reason == "eos" else chosen.tokens
         probs = step_probs(model, src, tgt_ids)  # (Tq, V)
@@ -237,6 +259,7 @@ def _record(
         "decoding": _decoding(decode, teacher_forced=reference is not None),
         "teacher_forced": reference is not None,
         "beam": decode.beam,
+        "length_penalty": decode.length_penalty,
         "ban_eos": decode.ban_eos and reference is None,
         "max_len": None if reference is not None else max_len,
         "stop_reason": chosen.stop_reason,
@@ -268,6 +291,7 @@ def _record(
         "agree": None,
         "tie_nats": None if occlusion is None else tie,
         "interventions": changes,
+        "tree": None if tree is None else tree_record(tok, tree.trees[0], hyps),
     }
 
 
@@ -277,7 +301,10 @@ def _decoding(decode: DecodeConfig, teacher_forced: bool) -> str:
         return TEACHER_FORCED
     if decode.beam == 1:
         return "greedy search"
-    return f"beam search (beam {decode.beam}), the chosen hypothesis"
+    return (
+        f"beam search (beam {decode.beam}, length penalty {decode.length_penalty:g}), "
+        "the chosen hypothesis"
+    )
 
 
 def _self_attention(
@@ -339,6 +366,7 @@ def _to_words(record: dict, specials: frozenset[str]) -> dict:
         "word_level": words.WORDS_NOTE,
         "step_rows": words.word_index(tgt, specials),
         "step_weights": words.merge_source(w, src, specials),
+        "tree": tree_in_words(record["tree"], src, specials),
         # Its source columns are words already: hidden whole (``_record``).
         "influence": None if influence is None else words.sum_target(influence, tgt, specials),
     }

@@ -9,16 +9,18 @@ window.onerror = function (message) {
 (function () {
   const DATA = JSON.parse(document.getElementById("explorer-data").textContent);
   const $ = (id) => document.getElementById(id);
-  const VIEWS = ["step", "heatmap", "lines", "model", "interventions"];
+  const VIEWS = ["step", "heatmap", "lines", "model", "interventions", "tree"];
   const MAPS = ["attention", "influence"];
   const KINDS = ["cross", "encoder", "decoder"]; // which attention: records' names (kinds.py)
   // viridis at 0, 1/4, 1/2, 3/4, 1
   const STOPS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
   const MIN_CELL = 20, MAX_CELL = 36;
   const MASKED_GREY = "#d0d0d0"; // a masked cell in a thumbnail, too small to hatch
-  // spec: the intervention shown, as "KIND:LAYER", "KIND:all" or "mask:N" (null: the first held)
+  // spec: the intervention shown, as "KIND:LAYER", "KIND:all" or "mask:N" (null: the first held);
+  // node: the beam tree's node shown (null: the chosen hypothesis' last); alpha: the length
+  // penalty the tree's endings are ranked by (null: the search's)
   const state = { sentence: 0, layer: 1, head: "mean", step: 1, view: "step", map: "attention",
-    spec: null, kind: "cross" };
+    spec: null, kind: "cross", node: null, alpha: null };
   const tooltip = $("tooltip");
 
   function colour(t) {
@@ -221,23 +223,27 @@ window.onerror = function (message) {
     });
   }
 
-  function drawStepRow(r) {
-    const box = $("step-row");
+  // One row over the source as bars (a weight, or a drop: a rise draws as none); i: its map
+  // row, for the hover (null: a row of no map).
+  function drawBars(box, r, row, i) {
     box.textContent = "";
-    const row = stepWeights(r), i = currentRow(r);
     const max = Math.max(...row) || 1;
-    $("step-row-title").textContent = "The cross-attention row step " + state.step +
-      " used (" + crossChoice(r) + "):";
     row.forEach((v, j) => {
       const label = el("span", r.src[j]);
       const bar = el("div", undefined, "bar");
-      bar.style.width = (100 * v / max) + "%";
+      bar.style.width = (100 * Math.max(v, 0) / max) + "%";
       const value = el("span", v.toFixed(3));
       [label, bar, value].forEach((e) => {
-        Object.assign(e.dataset, { i: i, j: j, w: v });
+        if (i !== null) Object.assign(e.dataset, { i: i, j: j, w: v });
         box.appendChild(e);
       });
     });
+  }
+
+  function drawStepRow(r) {
+    $("step-row-title").textContent = "The cross-attention row step " + state.step +
+      " used (" + crossChoice(r) + "):";
+    drawBars($("step-row"), r, stepWeights(r), currentRow(r));
   }
 
   function drawHypotheses(r) {
@@ -256,11 +262,11 @@ window.onerror = function (message) {
     });
   }
 
-  function drawAgreement(r) {
-    const box = $("step-agreement");
+  // Row i's most attended and most influential source position, and whether they are one.
+  function drawAgreement(r, box = $("step-agreement"), i = currentRow(r)) {
     box.textContent = "";
     if (!r.influence) return;
-    const i = currentRow(r), f = r.influence, m = crossMap(r);
+    const f = r.influence, m = crossMap(r);
     box.dataset.agree = sameText(m.agree[i]);
     const verdict = m.agree[i] === null
       ? el("span", "a tie: drops within " + f.tie_nats + " nats of each other, which the " +
@@ -560,6 +566,197 @@ window.onerror = function (message) {
       .catch((e) => setStatus("no answer from the server: " + e, "error"));
   }
 
+  // --- beam search tree: each step's candidates and their fates; the endings re-ranked ----
+  const FATES = {
+    kept: "kept: among the K best continuations that did not end, a beam of the next step",
+    eos: "finished: EOS among the K best continuations of its step",
+    max_len: "finished: kept at the step its sentence reached max_len",
+    width: "pruned: outside the K best continuations of its step (the beam width)",
+    eos_ban: "EOS, banned (--ban-eos): the search never scored it; the log-probability is " +
+      "the model's before the ban",
+  };
+  const COLUMN = 118, BOX = 104, ROW = 18;
+  // The search's length penalty and normalized score (seq2seq.decoding.beam, its constants in
+  // the tree): score / ((base + steps) / scale) ** alpha, steps counting the EOS.
+  const penalty = (t, steps, alpha) => Math.pow((t.penalty.base + steps) / t.penalty.scale, alpha);
+  const normalizedAt = (t, e, alpha) => e.score / penalty(t, e.steps, alpha);
+  const alphaOf = (t) => (state.alpha === null ? t.alpha : state.alpha);
+  const short = (token) => (token.length > 10 ? token.slice(0, 9) + "\u2026" : token);
+  const nodeText = (n) => "step " + n.step + ": " + n.token + " \u00b7 log p " +
+    n.logp.toFixed(3) + " \u00b7 score " + n.score.toFixed(3) + " \u00b7 normalized " +
+    n.normalized.toFixed(3) + " \u00b7 " + n.fate;
+  const ancestry = (t, n) => {
+    const tokens = [];
+    for (let m = n; m.parent !== null; m = t.nodes[m.parent]) tokens.unshift(m.token);
+    return tokens;
+  };
+  // The chosen hypothesis' last node (the root where it ended past the tree's step cap).
+  const chosenNode = (t) => {
+    const e = t.endings.find((x) => x.chosen);
+    return e && e.node !== null ? e.node : 0;
+  };
+
+  function treeNote(t) {
+    const f = (x) => x.toFixed(3);
+    const end = t.end.reason === "max_len" ? "its open beams reached max_len"
+      : "it held K = " + t.beam + " finished hypotheses, and the best open beam's normalized " +
+        "score (" + f(t.end.best_open) + ") could not beat the worst of them (" +
+        f(t.end.worst_finished) + ")";
+    const cap = t.truncated ? " It ran past " + t.max_steps + " steps: the tree draws the " +
+      "first " + t.max_steps + " and the table lists everything that ended, later ones too." : "";
+    return "Beam search, K = " + t.beam + ", length penalty \u03b1 = " + t.alpha + ". A column " +
+      "per step, its candidates best first by score (the sum of log-probabilities): per open " +
+      "beam its " + t.width + " best continuations (K + 1, at least 3, hold every one the " +
+      "search kept or finished). It stopped at step " + t.end.step + ": " + end + "." + cap +
+      " Click a node for its numbers and the cross-attention row that scored it.";
+  }
+
+  function drawTreeSvg(t) {
+    const svg = $("tree"), columns = [], at = {};
+    svg.textContent = "";
+    t.nodes.forEach((n) => { (columns[n.step] = columns[n.step] || []).push(n); });
+    columns.forEach((column, step) => {
+      column.sort((a, b) => b.score - a.score);
+      column.forEach((n, k) => { at[n.id] = [6 + step * COLUMN, 12 + k * ROW]; });
+    });
+    svg.setAttribute("width", columns.length * COLUMN + 10);
+    svg.setAttribute("height", Math.max(...columns.map((c) => c.length)) * ROW + 10);
+    t.nodes.forEach((n) => {
+      if (n.parent === null) return;
+      const [x1, y1] = at[n.parent], [x2, y2] = at[n.id];
+      svg.appendChild(svgEl("line", { x1: x1 + BOX, y1: y1, x2: x2, y2: y2,
+        class: n.fate + (n.chosen ? " chosen" : "") }));
+    });
+    t.nodes.forEach((n) => {
+      const [x, y] = at[n.id];
+      const g = svgEl("g", { class: "node " + n.fate + (n.id === state.node ? " selected" : ""),
+        "data-node": n.id, "data-fate": n.fate, "data-score": n.score });
+      g.appendChild(svgEl("rect", { x: x, y: y - 8, width: BOX, height: 16, rx: 3 }));
+      const text = svgEl("text", { x: x + 3, y: y + 4 });
+      text.textContent = short(n.token) + "  " + n.score.toFixed(2);
+      g.appendChild(text);
+      const title = svgEl("title");
+      title.textContent = nodeText(n);
+      g.appendChild(title);
+      g.addEventListener("click", () => setState({ node: n.id }));
+      svg.appendChild(g);
+    });
+  }
+
+  // A node's numbers, the cross-attention row its parent's query read when the search scored
+  // it (the step view's bars), and its influence where the page has it.
+  function drawNode(r, t) {
+    const n = t.nodes[state.node === null ? chosenNode(t) : state.node];
+    const info = $("node-info"), tokens = ancestry(t, n);
+    info.textContent = "";
+    info.append(el("p", n.step ? "step " + n.step + ": " : "the root (BOS): the start of " +
+      "every hypothesis"), el("p", tokens.join(" "), "small"));
+    if (n.step) {
+      [["log p (this token)", n.logp], ["score (sum of log p)", n.score],
+        ["normalized (score / penalty at " + n.step + " steps)", n.normalized]]
+        .forEach(([name, v]) => info.append(el("p", name + " = " + v.toFixed(4))));
+      info.append(el("p", FATES[n.fate], "fate " + n.fate));
+    }
+    const parent = n.parent === null ? null : t.nodes[n.parent];
+    const row = parent && parent.attention ? parent.attention[state.layer - 1] : null;
+    $("node-row-title").textContent = row ? "The cross-attention row that scored it (step " +
+      n.step + ", layer " + state.layer + ", the mean of its heads: the tree keeps no single " +
+      "head):" : "";
+    if (row) drawBars($("node-row"), r, row, null); else $("node-row").textContent = "";
+    drawNodeInfluence(r, n, tokens);
+  }
+
+  function drawNodeInfluence(r, n, tokens) {
+    const box = $("node-influence"), title = $("node-influence-title");
+    [box, title, $("node-agreement")].forEach((e) => { e.textContent = ""; });
+    if (!n.step) return;
+    if (n.chosen && r.influence) {
+      const i = r.step_rows ? r.step_rows[n.step - 1] : n.step - 1;
+      title.textContent = "Its influence by occlusion (the chosen hypothesis: the step view's " +
+        "row " + (i + 1) + "), the drop in nats when a source position is hidden from every layer:";
+      drawBars(box, r, r.influence.w[i], i);
+      drawAgreement(r, $("node-agreement"), i);
+      return;
+    }
+    const text = tokens.join("").replace(/\u2581/g, " ").replace("</s>", "").trim();
+    title.textContent = "Influence by occlusion is on this page for the chosen hypothesis' " +
+      "nodes (the red line)" + (r.influence ? "" : ", where computed") + ". For this one, " +
+      "teacher-force its text: seq2seq attention RUN \u201c" + r.source + "\u201d --reference " +
+      "\u201c" + text + "\u201d";
+  }
+
+  function drawEndings(t) {
+    const alpha = alphaOf(t), slider = $("alpha-slider");
+    slider.min = Math.min(-1, t.alpha);
+    slider.max = Math.max(3, t.alpha);
+    slider.value = alpha;
+    $("alpha-value").textContent = alpha.toFixed(2);
+    const ranked = t.endings.map((e) => ({ e: e, at: normalizedAt(t, e, alpha) }))
+      .sort((a, b) => b.at - a.at);
+    const table = $("endings");
+    table.textContent = "";
+    const head = el("tr");
+    ["rank", "hypothesis", "steps (with EOS)", "score (log p)", "penalty at \u03b1",
+      "normalized at \u03b1", "at the search's \u03b1", "stop", "the search"]
+      .forEach((x) => head.appendChild(el("th", x)));
+    table.appendChild(head);
+    ranked.forEach(({ e, at }, k) => {
+      const tr = el("tr", undefined, k === 0 ? "best" : "");
+      if (e.node !== null) tr.dataset.node = e.node;
+      const kept = e.chosen ? "chosen" : e.returned ? "returned" : "ended, not among the K kept";
+      [k + 1, e.translation, e.steps, e.score.toFixed(4), penalty(t, e.steps, alpha).toFixed(4),
+        at.toFixed(4), e.normalized.toFixed(4), e.stop_reason, kept]
+        .forEach((x) => tr.appendChild(el("td", x)));
+      if (e.node !== null) tr.addEventListener("click", () => setState({ node: e.node }));
+      table.appendChild(tr);
+    });
+    $("ranking-why").textContent = rankingWhy(t, ranked, alpha);
+    $("alpha-note").textContent = "The slider ranks what this search ended by score / ((" +
+      t.penalty.base + " + steps) / " + t.penalty.scale + ") ** \u03b1, the search's formula. " +
+      "A search run with another \u03b1 would also prune and stop differently, and could end " +
+      "with other hypotheses: " + (DATA.form ? "set the length penalty in the form above and " +
+      "translate again." : "seq2seq attention --length-penalty A, or seq2seq serve, decodes " +
+      "again with it.");
+  }
+
+  function rankingWhy(t, ranked, alpha) {
+    const best = ranked[0], chosen = ranked.find((x) => x.e.chosen);
+    const quote = (x) => "\u201c" + x.e.translation + "\u201d (" + x.e.steps + " steps)";
+    if (best === chosen) {
+      return "At \u03b1 = " + alpha.toFixed(2) + " the search's choice ranks first: " +
+        quote(best) + ".";
+    }
+    const which = best.e.steps < chosen.e.steps ? "A shorter hypothesis wins" :
+      best.e.steps > chosen.e.steps ? "A longer hypothesis wins" : "Another hypothesis wins";
+    const part = (x) => x.e.score.toFixed(3) + " / " + penalty(t, x.e.steps, alpha).toFixed(3) +
+      " = " + x.at.toFixed(3);
+    return which + " at \u03b1 = " + alpha.toFixed(2) + ": " + quote(best) + " scores " +
+      part(best) + ", the search's choice " + quote(chosen) + " " + part(chosen) + ". Every " +
+      "token adds a negative log-probability, so a longer sum is lower; a larger \u03b1 " +
+      "divides it by more, a smaller one favours the shorter.";
+  }
+
+  function drawTree(r) {
+    const t = r.tree;
+    $("tree-box").hidden = !t;
+    if (!t) {
+      $("tree-note").textContent = r.teacher_forced
+        ? "Teacher-forced on a given reference: no search ran, so there is no tree."
+        : "Greedy search keeps one hypothesis a step: no tree to draw. Decode with a beam of " +
+          "2 or more (" + (DATA.form ? "beam in the form above" : "--beam K") + ").";
+      return;
+    }
+    $("tree-note").textContent = treeNote(t);
+    // The slider re-ranks the endings alone: the tree and the node stay as drawn.
+    const drawn = [state.sentence, state.node, state.layer, innerWidth].join(":");
+    if ($("tree").dataset.drawn !== drawn) {
+      drawTreeSvg(t);
+      drawNode(r, t);
+      $("tree").dataset.drawn = drawn;
+    }
+    drawEndings(t);
+  }
+
   // --- state --------------------------------------------------------------------------
   function render() {
     const r = rec();
@@ -583,10 +780,13 @@ window.onerror = function (message) {
     if (state.view === "lines") drawLines(r);
     if (state.view === "model") drawModel(r);
     if (state.view === "interventions") drawInterventions(r);
+    if (state.view === "tree") drawTree(r);
     const attrs = { view: state.view, sentence: state.sentence + 1, step: state.step,
       kind: state.kind, layer: state.layer, head: state.head, map: state.map };
     if (state.spec) attrs.spec = state.spec;
-    document.body.removeAttribute("data-spec");
+    if (state.node !== null) attrs.node = state.node;
+    if (state.alpha !== null) attrs.alpha = state.alpha;
+    ["spec", "node", "alpha"].forEach((k) => document.body.removeAttribute("data-" + k));
     Object.entries(attrs).forEach(([k, v]) => document.body.setAttribute("data-" + k, v));
     const hash = Object.entries(attrs).map(([k, v]) => k + "=" + v).join("&");
     // Inside a frame's srcdoc (a notebook's output) the page has no URL of its own to write.
@@ -600,6 +800,7 @@ window.onerror = function (message) {
     if (!attentionOf(r, state.kind)) state.kind = "cross"; // a record without self-attention
     state.layer = Math.min(state.layer, shownKind(r).n_layers); // the encoder's may be fewer
     if (!r.influence) state.map = "attention"; // the toggle is off where none was computed
+    if (!r.tree || !(state.node >= 0 && state.node < r.tree.nodes.length)) state.node = null;
     render();
   }
 
@@ -616,7 +817,9 @@ window.onerror = function (message) {
     const map = p.get("map") || "attention";
     const kind = p.get("kind") || "cross";
     const out = { sentence: 0, layer: 1, head: "mean", view: "step", map: "attention",
-      spec: p.get("spec"), step: parseInt(p.get("step") || "1", 10) || 1, kind: "cross" };
+      spec: p.get("spec"), step: parseInt(p.get("step") || "1", 10) || 1, kind: "cross",
+      node: p.has("node") ? parseInt(p.get("node"), 10) : null,
+      alpha: p.has("alpha") && isFinite(parseFloat(p.get("alpha"))) ? parseFloat(p.get("alpha")) : null };
     if (sentence >= 1 && sentence <= DATA.records.length) out.sentence = sentence - 1;
     else wrong.push("sentence " + p.get("sentence"));
     if (KINDS.includes(kind) && attentionOf(r0, kind)) out.kind = kind;
@@ -650,6 +853,7 @@ window.onerror = function (message) {
     $("explore-form").hidden = false;
     $("text").value = form.text || "";
     $("beam").value = form.beam || "";
+    $("length-penalty").value = form.length_penalty || "";
     $("max-len").value = form.max_len || "";
     $("ban-eos").checked = !!form.ban_eos;
     $("words").checked = !!form.words;
@@ -675,7 +879,7 @@ window.onerror = function (message) {
 
     $("sentence-select").addEventListener("change", (e) => {
       setStatus("");
-      setState({ sentence: +e.target.value, step: 1, spec: null });
+      setState({ sentence: +e.target.value, step: 1, spec: null, node: null, alpha: null });
     });
     $("layer-select").addEventListener("change", (e) => setState({ layer: +e.target.value }));
     $("attention-select").addEventListener("change", (e) => setState({ kind: e.target.value }));
@@ -694,6 +898,8 @@ window.onerror = function (message) {
     }));
     $("intervene").addEventListener("click", () => choose(replacement()));
     $("step-slider").addEventListener("input", (e) => setState({ step: +e.target.value }));
+    $("alpha-slider").addEventListener("input", (e) => setState({ alpha: +e.target.value }));
+    $("alpha-reset").addEventListener("click", () => setState({ alpha: null }));
     $("prev").addEventListener("click", () => setState({ step: state.step - 1 }));
     $("next").addEventListener("click", () => setState({ step: state.step + 1 }));
     document.addEventListener("keydown", (event) => {
