@@ -294,6 +294,9 @@ SOURCES: dict[str, list[Source]] = {
     "docs/training.md": [(None, cooldown), (None, dropout_schedule), (None, muon_and_ema)],
     "docs/transformer.md": [(None, paper_departures), (None, cooldown_arm)],
     "docs/export.md": [(None, lambda: ["95%"])],  # tests/test_export.py's agreement threshold
+    "experiments/alignment/README.md": [  # the default cool-down's start, its last 30%
+        (None, lambda: [f"{1 - Config().train.cooldown:.0%}"])
+    ],
     "experiments/attention_not_explanation/README.md": [
         ("experiments/attention_not_explanation/results.json", attention_not_explanation)
     ],
