@@ -37,6 +37,15 @@ TINY = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def interruptible():
+    """SIGINT raises KeyboardInterrupt, as in a process started at a terminal: a suite started
+    in the background (``pytest &``) inherits SIGINT ignored, and Ctrl-C would do nothing."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture
 def stop_button(monkeypatch):
     """SIGINT to this process after step ``STOP``, once: what the kernel's stop button sends."""
