@@ -14,6 +14,8 @@ from seq2seq.commands.cli import build_parser, main
 from seq2seq.commands.options import finite_number_arg
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+
+
 def _commands() -> tuple[str, ...]:
     """Every subcommand the parser has, so that a new one is checked without being listed."""
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]

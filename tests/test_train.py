@@ -901,9 +901,19 @@ def test_the_moving_average_is_kept_only_when_it_validates_better(tmp_path, monk
 # -- train.compile ----------------------------------------------------------------------
 
 
-def test_compiled_training_gives_the_eager_losses(tmp_path):
+def test_compiled_training_gives_the_eager_losses(tmp_path, monkeypatch):
     # Dropout off (compiled dropout draws other random numbers), fp32, the same seed: the
-    # compiled forward and backward must give eager's losses, step after step.
+    # compiled forward and backward must give eager's losses, step after step. The backend is
+    # aot_eager: dynamo's capture of the model with dynamic shapes and AOTAutograd's backward
+    # graph, what inductor is handed, run by eager kernels; inductor's code generation for
+    # them (a minute of compiling on two cores) is torch's to test, and
+    # `experiments/bench_train.py --compile` runs it.
+    from seq2seq.training import compiling
+    from seq2seq.training import trainer as train_module
+
+    real = compiling.compiled
+    monkeypatch.setattr(train_module, "compiled", lambda m: real(m, backend="aot_eager"))
+    torch._dynamo.reset()
     same = dict(train__max_steps=3, model__dropout=0.0, train__precision="fp32")
     train(tiny_config(**same, train__compile="false"), tmp_path / "eager", progress=False)
     train(tiny_config(**same, train__compile="true"), tmp_path / "compiled", progress=False)

@@ -211,13 +211,20 @@ def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
     return MosesPunctNormalizer(lang=lang, perl_parity=True), MosesTokenizer(lang=lang)
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenized_refs(refs: tuple[str, ...], lang: str) -> list[str]:
+    """``lc_norm_tok`` of a split's references, kept: sacremoses takes about a second per
+    thousand lines, and every search scored on one split reads the same references."""
+    return lc_norm_tok(refs, lang)
+
+
 def literature_bleu(hyps: list[str], refs: list[str], lang: str) -> dict[str, Any]:
     """BLEU on the Multi30k papers' scale (``LITERATURE_SCALE``): sacreBLEU without a
     tokenizer of its own over ``lc_norm_tok`` text in the target language ``lang``."""
     # force: the text is tokenized on purpose, so sacreBLEU's "forgot to detokenize?" warning
     # would be wrong (the signature does not change)
     metric = BLEU(tokenize="none", force=True)
-    result = metric.corpus_score(lc_norm_tok(hyps, lang), [lc_norm_tok(refs, lang)])
+    result = metric.corpus_score(lc_norm_tok(hyps, lang), [_tokenized_refs(tuple(refs), lang)])
     return {
         "bleu_lc_norm_tok": round(result.score, 2),
         "bleu_lc_norm_tok_text": str(result),
