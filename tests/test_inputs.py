@@ -185,14 +185,24 @@ def usable(args: argparse.Namespace) -> None:
         DecodeConfig().with_overrides(**decode.decode_overrides(args))
 
 
+# What a POSIX argv can hold, as Python reads it: no NUL, and of the lone surrogates only
+# surrogateescape's U+DC80..U+DCFF, which stand for bytes that are not UTF-8.
+ARGV_CHARACTERS = st.one_of(
+    st.characters(exclude_characters="\x00", exclude_categories=("Cs",)),
+    st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF),
+)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.sampled_from(options()),
     st.one_of(
         st.sampled_from(WORDS),
-        st.text(st.characters(exclude_characters="\x00"), max_size=20),  # argv holds no NUL
+        st.text(ARGV_CHARACTERS, max_size=20),
         numbers.map(repr),
-        st.sampled_from(KEYS).flatmap(lambda k: st.text(max_size=8).map(lambda t: f"{k}={t}")),
+        st.sampled_from(KEYS).flatmap(
+            lambda k: st.text(ARGV_CHARACTERS, max_size=8).map(lambda t: f"{k}={t}")
+        ),
     ),
 )
 def test_every_option_parses_to_a_usable_value_or_exits_2_in_one_line(option, text):
