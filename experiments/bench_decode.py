@@ -8,6 +8,8 @@ Cases, each at every output length N (EOS banned, so every output has exactly N 
   model of the same size (no download; ``min_new_tokens = max_new_tokens = N``): goals
   >= 2x greedy, >= 4x beam 5;
 - greedy with cross-attention weights returned vs without: goal <= 1.1x slowdown;
+- with ``--thread-ab A,B``: greedy and beam on A torch threads vs on B (no goal: the rows
+  that choose the decoding default, run once on an idle machine and once beside a busy one);
 - with ``--ctranslate2``: greedy and beam vs the run exported to CTranslate2 (float32 and
   int8, exported here into a temporary directory) on the same sentences and lengths, at
   each of ``--ct2-threads`` (ours on as many torch threads); then the test BLEU of each
@@ -184,6 +186,9 @@ def main() -> int:
         "--ctranslate2", action="store_true", help="add the CTranslate2 rows and test BLEU"
     )
     parser.add_argument("--ct2-threads", default="1,2", help="thread counts for those rows")
+    parser.add_argument(
+        "--thread-ab", metavar="A,B", help="add rows: ours on A torch threads vs on B"
+    )
     args = parser.parse_args()
     if args.quick:
         args.sentences, args.lengths, args.repeats = 8, "4,8", 3
@@ -272,6 +277,20 @@ def main() -> int:
             slowdown=True,
         )
 
+    if args.thread_ab:
+        a_threads, b_threads = (int(t) for t in args.thread_ab.split(","))
+
+        def on(threads: int, fn: Callable[[], object]) -> Callable[[], object]:
+            return lambda: (torch.set_num_threads(threads), fn())[1]
+
+        for n in lengths:
+            for beam in (1, args.beam):
+                search = "greedy" if beam == 1 else f"beam {beam}"
+                fn = ours(n, beam=beam)
+                name = f"{search} N={n}: {a_threads} vs {b_threads} thread(s)"
+                case(name, on(a_threads, fn), on(b_threads, fn), "-", None, n)
+        torch.set_num_threads(args.threads)
+
     bleu_rows = []
     if args.ctranslate2:
         from seq2seq.decoding.export import export_ctranslate2
@@ -295,6 +314,7 @@ def main() -> int:
             "beam": args.beam,
             "repeats": args.repeats,
             "threads": args.threads,
+            "thread_ab": args.thread_ab,
             "device": str(device),
             "quick": args.quick,
         }
