@@ -339,10 +339,11 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
     return nested
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+def merge_values(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` written over ``base`` (in place), section by section."""
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
+            merge_values(base[key], value)
         else:
             base[key] = value
     return base
@@ -385,8 +386,8 @@ def given_values(
         values = dropout_rule(budget_rule(_read(Config(), values, "")))
     given = nest({key: value for key, value in (flags or {}).items() if value is not None})
     for text in overrides:
-        given = _merge(given, parse_override(text))
-    return _merge(values, dropout_rule(budget_rule(_read(Config(), given, ""))))
+        given = merge_values(given, parse_override(text))
+    return merge_values(values, dropout_rule(budget_rule(_read(Config(), given, ""))))
 
 
 def _plain(value: Any) -> Any:

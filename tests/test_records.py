@@ -365,6 +365,23 @@ def test_seeds_of_one_recipe_must_share_the_recipe(tmp_path):
         load_records(tmp_path)
 
 
+def test_a_setting_newer_than_a_record_reads_as_its_default(tmp_path):
+    """A seed recorded before ``train.ema`` existed shares the recipe of one that writes the
+    default; one that sets it differs. The precision asked for is the machine's, not the
+    recipe's (what it resolved to is in the machine column)."""
+    write_record(tmp_path, "base-s1", 1, 40.0)
+    write_record(tmp_path, "base-s2", 2, 40.0)
+    path = tmp_path / "base-s2" / "config.yaml"
+    config = yaml.safe_load(path.read_text())
+    config["train"].update(ema=0.0, precision="bf16")
+    path.write_text(yaml.safe_dump(config))
+    assert len(load_records(tmp_path).trainings) == 2
+    config["train"]["ema"] = 0.999
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(RecordError, match="differ in train.ema"):
+        load_records(tmp_path)
+
+
 def test_the_markers_take_the_compact_table_and_check_finds_stale_files(tmp_path):
     three_seeds(tmp_path)
     text = tuning_or_compact(tmp_path)

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from experiments.records import BENCHMARK, GOALS, RECORD, RecordError
+from seq2seq.config import Config, config_to_dict, merge_values
 
 # record.json fields every record has (``collect`` writes them).
 FIELDS = (
@@ -29,9 +30,18 @@ FIELDS = (
     "scores",
 )
 # Config settings that may differ between the seeds of one recipe: the seed, and how the
-# machine ran it.
+# machine ran it (the precision as asked: what it resolved to is environment.json's, in the
+# machine column of every table).
 NOT_RECIPE = {
-    "train": ("seed", "threads", "device", "prefetch", "log_every", "attention_sentences")
+    "train": (
+        "seed",
+        "threads",
+        "device",
+        "precision",
+        "prefetch",
+        "log_every",
+        "attention_sentences",
+    )
 }
 
 
@@ -200,8 +210,11 @@ def load_tested(folder: Path, training: Training) -> Tested | None:
 
 
 def recipe_config(folder: Path) -> dict[str, Any]:
-    """The record's config without the settings seeds of one recipe may differ in."""
-    config = read_yaml(folder / "config.yaml")
+    """The record's config without the settings seeds of one recipe may differ in, over
+    today's defaults: a setting added after the record was made reads as its default, which
+    a new setting's default keeps the old behaviour by (``data.pad_to_buckets: false`` is
+    what a run before it did)."""
+    config = merge_values(config_to_dict(Config()), read_yaml(folder / "config.yaml") or {})
     for section, keys in NOT_RECIPE.items():
         for key in keys:
             config.get(section, {}).pop(key, None)
