@@ -131,3 +131,41 @@ def test_a_bad_number_is_refused_naming_the_option_and_the_value(argv, message, 
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "Traceback" not in err
     assert message in err.strip().splitlines()[-1]
+
+
+def test_threads_is_one_option_of_every_command_that_takes_a_device(capsys):
+    shown = {command: shown_options(command, capsys) for command in COMMANDS}
+    with_device = {c for c, options in shown.items() if "--device" in options}
+    assert {"train", "translate", "evaluate", "attention", "serve", "align"} <= with_device
+    assert with_device == {c for c, options in shown.items() if "--threads" in options}
+
+
+def test_train_threads_is_the_config_value_train_threads():
+    from seq2seq.commands.cli import config_flags
+
+    args = build_parser().parse_args(["train", "--out", "RUN", "--threads", "3"])
+    assert config_flags(args)["train.threads"] == 3
+    args = build_parser().parse_args(["train", "--out", "RUN"])
+    assert config_flags(args)["train.threads"] is None  # the config's, or the default
+
+
+@pytest.mark.parametrize("text", ["0", "1025", "-1", "two"])
+def test_threads_out_of_range_is_refused_in_one_line(text, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["translate", "RUN", "--threads", text, "Ein Hund"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "Traceback" not in err
+    assert "--threads" in err.strip().splitlines()[-1]
+
+
+def test_translate_threads_sets_torchs_threads_before_it_decodes(tmp_path_factory):
+    import torch
+    from helpers import tiny_run_dir
+
+    run = str(tiny_run_dir(tmp_path_factory))
+    before = torch.get_num_threads()
+    try:
+        assert main(["translate", run, "ein Hund", "--device", "cpu", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -112,6 +112,7 @@ def config_flags(args: argparse.Namespace) -> dict[str, object]:
         "train.max_steps": args.max_steps,
         "train.seed": args.seed,
         "train.device": args.device,
+        "train.threads": args.threads,
         "train.precision": "fp32" if args.fp32 else None,
     }
 
@@ -337,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    if getattr(args, "threads", None):  # before any torch work; setup_runtime caps it
+        import torch
+
+        torch.set_num_threads(args.threads)
     try:
         return args.run(args)
     except Seq2SeqError as e:

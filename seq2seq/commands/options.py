@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from seq2seq.config import DEFAULT_DEVICE
+from seq2seq.config_checks import MAX_THREADS
 from seq2seq.errors import WHOLE_NUMBER, finite_number, whole_number
 
 DEVICE_HELP = (
@@ -31,6 +32,14 @@ def port_arg(text: str) -> int:
     number = whole_number_arg(text)
     if number > 65535:
         raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return number
+
+
+def threads_arg(text: str) -> int:
+    """``type=`` of ``--threads``: 1 to ``MAX_THREADS``, as ``train.threads`` is bounded."""
+    number = whole_number_arg(text)
+    if not 1 <= number <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_THREADS} threads, got {text!r}")
     return number
 
 
@@ -81,5 +90,12 @@ def add_columns_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_device_option(p: argparse.ArgumentParser, default: str | None = DEFAULT_DEVICE) -> None:
-    """``--device``; ``default`` None leaves it to the config (``train.device``)."""
+    """``--device`` and ``--threads``; ``default`` None leaves the device to the config
+    (``train.device``). ``main`` sets the threads for the process before a command runs."""
     p.add_argument("--device", default=default, help=DEVICE_HELP)
+    p.add_argument(
+        "--threads",
+        type=threads_arg,
+        help="torch's CPU threads (default: the usable CPUs; docs/decoding.md says when fewer "
+        "decode faster)",
+    )
