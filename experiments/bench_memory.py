@@ -20,6 +20,7 @@ import json
 import resource
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def train_and_measure(trainer: Trainer, at: list[int]) -> dict[int, dict[str, fl
     def measured(*args: object) -> None:
         after_step(*args)
         if trainer.state.step in at:
-            seen[trainer.state.step] = resident_mb()
+            seen[trainer.state.step] = {**resident_mb(), "clock_s": time.perf_counter()}
 
     trainer.after_step = measured
     trainer.model.train()
@@ -86,6 +87,7 @@ def main() -> None:
         trainer = Trainer(config, Path(run_dir), runtime, False, False, False)
         seen = train_and_measure(trainer, [first, last])
     growth = (seen[last]["peak_rss_mb"] - seen[first]["peak_rss_mb"]) / (last - first)
+    seconds = (seen[last].pop("clock_s") - seen[first].pop("clock_s")) / (last - first)
     result = {
         "benchmark": "training-memory",
         "environment": machine(),
@@ -98,11 +100,14 @@ def main() -> None:
         "steps": [first, last],
         "memory": {str(step): seen[step] for step in (first, last)},
         "peak_growth_mb_per_step": growth,
+        "seconds_per_step": seconds,  # between the two counts: the machine's load moves it
     }
     for step in (first, last):
         sizes = ", ".join(f"{k} {v:,.0f}" for k, v in seen[step].items())
         print(f"step {step}: {sizes}")
-    print(f"peak growth from step {first} to {last}: {growth:.3f} MB a step")
+    print(
+        f"peak growth from step {first} to {last}: {growth:.3f} MB a step, {seconds:.3f} s a step"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

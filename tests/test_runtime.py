@@ -238,3 +238,28 @@ def test_a_second_signal_stops_at_once_saying_what_was_last_saved():
         "a second SIGTERM: stopped at once; last saved: step 3, in RUN/last.safetensors"
     ]
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.parametrize("given", [None, "8", "1024"])
+def test_onednns_kernel_cache_is_bounded_unless_the_user_set_it(given, tmp_path):
+    """A fresh process: setup_runtime bounds oneDNN's cache before any kernel is made, keeps
+    a capacity the user gave, and environment.json says which was in force."""
+    env = {k: v for k, v in child_env().items() if k != runtime.ONEDNN_CACHE}
+    if given is not None:
+        env[runtime.ONEDNN_CACHE] = given
+    code = (
+        "import json, os, sys; from pathlib import Path\n"
+        "from seq2seq.run.runtime import setup_runtime, ONEDNN_CACHE\n"
+        "from seq2seq.run.runlog import write_environment\n"
+        "rt = setup_runtime('cpu')\n"
+        "write_environment(Path(sys.argv[1]), rt, 'fp32', None)\n"
+        "print(os.environ[ONEDNN_CACHE])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    expected = given or runtime.ONEDNN_CACHE_DEFAULT
+    assert done.stdout.strip() == expected
+    recorded = json.loads((tmp_path / "environment.json").read_text())
+    assert recorded["segments"][-1]["onednn_cache"] == expected

@@ -190,7 +190,11 @@ def training_memory(name: str, b: dict[str, Any]) -> str:
         lines.append(f"| {step:,} | {m['peak_rss_mb']:,.0f} | {now} |")
     first, last = b["steps"]
     growth = b["peak_growth_mb_per_step"]
-    lines += ["", f"Peak growth from step {first:,} to {last:,}: {growth:.2f} MB a step."]
+    said = f"Peak growth from step {first:,} to {last:,}: {growth:.2f} MB a step"
+    if "seconds_per_step" in b:  # records before it had no clock
+        said += f", {b['seconds_per_step']:.3f} s a step"
+    cache = b["environment"].get("onednn_cache", "not recorded")
+    lines += ["", f"{said}. oneDNN's kernel cache: {cache or 'its default, 1,024'}."]
     return "\n".join(lines)
 
 
