@@ -241,25 +241,26 @@ def test_a_second_signal_stops_at_once_saying_what_was_last_saved():
 
 
 @pytest.mark.parametrize("given", [None, "8", "1024"])
-def test_onednns_kernel_cache_is_bounded_unless_the_user_set_it(given, tmp_path):
-    """A fresh process: setup_runtime bounds oneDNN's cache before any kernel is made, keeps
-    a capacity the user gave, and environment.json says which was in force."""
-    env = {k: v for k, v in child_env().items() if k != runtime.ONEDNN_CACHE}
+def test_the_cpus_kernel_caches_are_bounded_unless_the_user_set_them(given, tmp_path):
+    """A fresh process: setup_runtime bounds oneDNN's and ideep's caches before any kernel is
+    made, keeps a capacity the user gave, and environment.json says which were in force."""
+    env = {k: v for k, v in child_env().items() if k not in runtime.KERNEL_CACHES}
     if given is not None:
-        env[runtime.ONEDNN_CACHE] = given
+        env[runtime.KERNEL_CACHES[0]] = given  # the other one left to the package
     code = (
         "import json, os, sys; from pathlib import Path\n"
-        "from seq2seq.run.runtime import setup_runtime, ONEDNN_CACHE\n"
+        "from seq2seq.run.runtime import setup_runtime, KERNEL_CACHES\n"
         "from seq2seq.run.runlog import write_environment\n"
         "rt = setup_runtime('cpu')\n"
         "write_environment(Path(sys.argv[1]), rt, 'fp32', None)\n"
-        "print(os.environ[ONEDNN_CACHE])\n"
+        "print(json.dumps({name: os.environ[name] for name in KERNEL_CACHES}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    expected = given or runtime.ONEDNN_CACHE_DEFAULT
-    assert done.stdout.strip() == expected
+    first, second = runtime.KERNEL_CACHES
+    expected = {first: given or runtime.KERNEL_CACHE_DEFAULT, second: runtime.KERNEL_CACHE_DEFAULT}
+    assert json.loads(done.stdout) == expected
     recorded = json.loads((tmp_path / "environment.json").read_text())
-    assert recorded["segments"][-1]["onednn_cache"] == expected
+    assert recorded["segments"][-1]["kernel_caches"] == expected

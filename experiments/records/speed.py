@@ -193,8 +193,13 @@ def training_memory(name: str, b: dict[str, Any]) -> str:
     said = f"Peak growth from step {first:,} to {last:,}: {growth:.2f} MB a step"
     if "seconds_per_step" in b:  # records before it had no clock
         said += f", {b['seconds_per_step']:.3f} s a step"
-    cache = b["environment"].get("onednn_cache", "not recorded")
-    lines += ["", f"{said}. oneDNN's kernel cache: {cache or 'its default, 1,024'}."]
+    caches = b["environment"].get("kernel_caches")
+    kept = (
+        ", ".join(f"{name}={value or 'unset (1,024)'}" for name, value in caches.items())
+        if caches
+        else "not recorded"
+    )
+    lines += ["", f"{said}. Kernel caches: {kept}."]
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from seq2seq.fileio import atomic_write_text
 from seq2seq.run.precision import TF32, precision_name, tf32_in_force
-from seq2seq.run.runtime import ONEDNN_CACHE, Runtime, sdpa_kernels_on
+from seq2seq.run.runtime import KERNEL_CACHES, Runtime, sdpa_kernels_on
 from seq2seq.version import __version__
 
 
@@ -154,7 +154,8 @@ def machine() -> dict[str, Any]:
         # what bf16 speed depends on: AMX tiles, AVX512-BF16, or neither (emulated)
         "cpu_bf16_flags": sorted(flags & BF16_FLAGS),
         "threads": torch.get_num_threads(),
-        "onednn_cache": os.environ.get(ONEDNN_CACHE),  # kernels kept (None: oneDNN's 1,024)
+        # kernels kept by oneDNN and ideep (None: their own 1,024)
+        "kernel_caches": {name: os.environ.get(name) for name in KERNEL_CACHES},
     }
 
 

@@ -120,19 +120,21 @@ def _mps_available() -> bool:
 
 
 # oneDNN, which computes torch's bf16 matrix multiplies on a CPU, keeps a kernel (a
-# "primitive") for every shape it has met, 1,024 of them by default. Batches of varying
-# length bring new shapes nearly every step, and that cache grew a training run's memory for
-# its first thousands of steps (issue 59 point 11: the bench-memory records). oneDNN reads
-# the capacity when it first makes a kernel, so it is set before any training or decoding;
-# a capacity the user put in the environment is kept.
-ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-ONEDNN_CACHE_DEFAULT = "64"
+# "primitive") for every shape it has met, 1,024 by default, and ideep, torch's layer over it,
+# keeps as many of its own objects. Batches of varying length bring new shapes nearly every
+# step, and the two caches grew a training run's memory for thousands of steps (issue 59
+# point 11: the bench-memory records). 64 holds the shapes of one step (forward and
+# backward) with room to spare. Both libraries read their capacity when they first make a
+# kernel, so it is set before any training or decoding; a capacity the user put in the
+# environment is kept.
+KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+KERNEL_CACHE_DEFAULT = "64"
 
 
-def bound_kernel_cache() -> str:
-    """oneDNN's kernel cache capacity for this process (and its children): the user's,
-    else ``ONEDNN_CACHE_DEFAULT``. In effect only if no oneDNN kernel was made before."""
-    return os.environ.setdefault(ONEDNN_CACHE, ONEDNN_CACHE_DEFAULT)
+def bound_kernel_caches() -> dict[str, str]:
+    """oneDNN's and ideep's kernel cache capacities for this process (and its children):
+    the user's, else ``KERNEL_CACHE_DEFAULT``. In effect only if no kernel was made before."""
+    return {name: os.environ.setdefault(name, KERNEL_CACHE_DEFAULT) for name in KERNEL_CACHES}
 
 
 def setup_runtime(
@@ -147,9 +149,9 @@ def setup_runtime(
     (gloo). On any device ``threads`` sets torch's intra-op threads (default under torchrun:
     the usable CPUs over the local ranks; alone: torch's choice, at most the usable CPUs,
     ``usable_cpus``). On CUDA ``attention`` chooses the SDPA kernels (``attention_kernels``).
-    On every device oneDNN's kernel cache is bounded (``bound_kernel_cache``).
+    On every device the CPU's kernel caches are bounded (``bound_kernel_caches``).
     """
-    bound_kernel_cache()
+    bound_kernel_caches()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = _resolve(device, local_rank if world > 1 else None)
