@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
-    if getattr(args, "threads", None):  # before any torch work; setup_runtime caps it
+    # --threads before any torch work: a decoding command's setup_runtime caps it at the
+    # usable CPUs; train also takes it as train.threads, which setup_runtime sets as given
+    if getattr(args, "threads", None):
         import torch
 
         torch.set_num_threads(args.threads)
