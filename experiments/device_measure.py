@@ -29,7 +29,8 @@ from seq2seq.run.precision import matmul_precision, precision_name
 from seq2seq.run.runtime import Runtime
 from seq2seq.training.trainer import Trainer
 
-ARMS = ("tf32", "bf16", "fp16")  # the first is the baseline of the ratios
+# The first is the baseline of the ratios; "-graphs": the step captured (train.cuda_graphs).
+ARMS = ("tf32", "bf16", "fp16", "tf32-graphs", "bf16-graphs")
 # Kernel launches and host waits, by the CUDA runtime and driver calls the profiler sees.
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel")
 SYNCS = ("Synchronize",)  # cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize
@@ -62,8 +63,10 @@ def train_steps(trainer: Trainer, groups: list[list[np.ndarray]]) -> tuple[int, 
     trainer.model.set_dropout(dropout_at(trainer.config, 0.0))
     with Prefetcher(trainer.my_batches, groups, t.prefetch) as ready:
         for group, mine in zip(groups, ready, strict=False):
-            loss, n_tokens = trainer.train_step(group, mine)
-            tokens, skipped = tokens + n_tokens, skipped + (not math.isfinite(loss))
+            loss, n_tokens = trainer.take_step(group, mine)  # a captured step's loss: None
+            tokens, skipped = tokens + n_tokens, skipped + (loss is not None and math.isnan(loss))
+    if trainer.graphs is not None:  # skipped on the device: read once, at the end
+        skipped += trainer.graphs.read()[1]
     return tokens, skipped
 
 
@@ -96,12 +99,15 @@ def timed_block(trainer: Trainer, groups: list[list[np.ndarray]]) -> dict[str, A
 def precision_arms(
     overrides: list[str], arms: tuple[str, ...] = ARMS
 ) -> tuple[dict[str, Config], dict[str, str]]:
-    """Each arm's config (``train.precision=ARM`` over ``overrides``), and the arms the config
-    refuses, with its message: an arm joins once ``train.precision`` accepts it."""
+    """Each arm's config (``train.precision=ARM`` over ``overrides``; ``ARM-graphs`` with
+    ``train.cuda_graphs=true`` too), and the arms the config refuses, with its message: an arm
+    joins once ``train.precision`` accepts it."""
     accepted, refused = {}, {}
     for arm in arms:
+        precision, _, graphs = arm.partition("-")
+        settings = [f"train.precision={precision}"] + ["train.cuda_graphs=true"] * bool(graphs)
         try:
-            accepted[arm] = stage_config([*overrides, f"train.precision={arm}"])
+            accepted[arm] = stage_config([*overrides, *settings])
         except Seq2SeqError as e:
             refused[arm] = str(e)
     return accepted, refused
@@ -162,8 +168,13 @@ def rates_stage(
     found: dict[str, Any] = {"refused_arms": refused, "sizes": sizes, "arms": {}, "blocks": []}
     trainers = {}
     for arm, config in configs.items():
-        trainers[arm] = trainer_for(config, scratch / "rates" / arm, runtime)
-        found["arms"][arm] = precision_name(arm, trainers[arm].dtype, runtime.device)
+        try:  # a captured arm is refused where the step cannot be captured (a CPU)
+            trainers[arm] = trainer_for(config, scratch / "rates" / arm, runtime)
+        except Seq2SeqError as e:
+            refused[arm] = str(e)
+            continue
+        named = precision_name(arm.partition("-")[0], trainers[arm].dtype, runtime.device)
+        found["arms"][arm] = named + (", captured" if trainers[arm].graphs else "")
     write(found)
     arms = list(trainers)
     warm, block = sizes["warmup"], sizes["block"]

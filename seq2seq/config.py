@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from seq2seq.config_checks import data_checks, model_checks, train_checks
+from seq2seq.config_checks import data_checks, model_checks, run_checks, train_checks
 from seq2seq.errors import Seq2SeqError, read_field, read_yaml
 
 
@@ -123,6 +123,13 @@ class TrainConfig:
     max_steps: int | None = None
     patience: int = 10  # validations without BLEU improvement before stopping
     validate_every: int = 0  # steps; 0 = once per epoch
+    # Steps between validations in the cool-down (0 = as validate_every): dense at the end,
+    # so that the last average_last validated states, which the run averages, are late ones.
+    cooldown_validate_every: int = 0
+    # Seconds at least between writes of last.safetensors and redraws of curves.png (0 = after
+    # every epoch and validation); a stop and the end always write. For a device whose epochs
+    # take seconds (experiments/configs/gpu.yaml).
+    save_every: float = 0.0
     valid_bleu_sentences: int = 1014  # greedy BLEU on the first N validation pairs
     log_every: int = 10
     # "auto": bf16 autocast where native (CPU); on CUDA "tf32", or "fp16" (loss-scaled) below
@@ -131,6 +138,10 @@ class TrainConfig:
     # torch.compile of the training step: "auto" (only where measured faster: see
     # seq2seq/training/compiling.py; on CPU it was not), true, or false.
     compile: bool | str = "auto"
+    # The training step as CUDA graphs, one per bucket shape (seq2seq/training/graphs.py):
+    # "auto" (only where a GPU record showed it faster with its training equal: none yet),
+    # true, or false.
+    cuda_graphs: bool | str = "auto"
     threads: int | None = None  # torch intra-op threads; None = logical CPUs / local ranks
     prefetch: int = 2  # steps' batches padded (pinned on CUDA) ahead, on a thread (0 = none)
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
@@ -408,7 +419,7 @@ def validate(config: Config) -> None:
     """Reject absurd values with a message naming the key: the first check that fails, of the
     model, training, data and decoding sections in that order."""
     m, t, d = config.model, config.train, config.data
-    for ok, message in [*model_checks(m), *train_checks(t), *data_checks(d, m)]:
+    for ok, message in [*model_checks(m), *train_checks(t), *run_checks(t), *data_checks(d, m)]:
         if not ok:
             raise Seq2SeqError(f"config: {message}")
     config.decode.check()

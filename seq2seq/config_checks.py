@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-SETTINGS = ("auto", "true", "false")  # of train.compile and data.pad_to_buckets
+SETTINGS = ("auto", "true", "false")  # of train.compile, train.cuda_graphs, data.pad_to_buckets
 
 
 def setting_of(value: object) -> str:
@@ -77,7 +77,7 @@ def model_checks(m: Any) -> list[Check]:
 
 
 def train_checks(t: Any) -> list[Check]:
-    """Rates, budgets, and how and where the trainer runs; ``t`` a ``TrainConfig``."""
+    """Rates, schedules and precision; ``t`` a ``TrainConfig`` (``run_checks``: the rest)."""
     return [
         (
             t.early_dropout is None or 0.0 <= t.early_dropout < 1.0,
@@ -122,7 +122,18 @@ def train_checks(t: Any) -> list[Check]:
             t.attention_kernels in ("auto", "all"),
             "train.attention_kernels must be 'auto' or 'all'",
         ),
+    ]
+
+
+def run_checks(t: Any) -> list[Check]:
+    """How and where the trainer runs, and when it validates and writes; ``t`` a
+    ``TrainConfig``."""
+    return [
         (setting_of(t.compile) in SETTINGS, "train.compile must be auto, true or false"),
+        (
+            setting_of(t.cuda_graphs) in SETTINGS,
+            "train.cuda_graphs must be auto, true or false",
+        ),
         (
             re.fullmatch(r"auto|cpu|mps|cuda(:[0-9]+)?", t.device) is not None,
             "train.device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'",
@@ -146,6 +157,14 @@ def train_checks(t: Any) -> list[Check]:
         (t.attention_sentences >= 0, "train.attention_sentences must be >= 0 (0 = none)"),
         (t.prefetch >= 0, "train.prefetch must be >= 0 (0 = no prefetching)"),
         (t.validate_every >= 0, "train.validate_every must be >= 0 (0 = once per epoch)"),
+        (
+            t.cooldown_validate_every >= 0,
+            "train.cooldown_validate_every must be >= 0 (0 = as validate_every)",
+        ),
+        (
+            0 <= t.save_every <= MAX_MINUTES * 60,
+            f"train.save_every must be 0..{MAX_MINUTES * 60} seconds",
+        ),
         (
             t.clip_norm >= 0 and t.max_bad_steps >= 0,
             "train.clip_norm and train.max_bad_steps must be >= 0",

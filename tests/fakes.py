@@ -217,3 +217,58 @@ class LegacyMatmul:
         if name != "allow_tf32":
             raise AttributeError("Unknown attribute " + name)
         object.__setattr__(self, "_allow_tf32", bool(value))
+
+
+class FakeGraphs:
+    """``graphs.CudaGraphs`` on a CPU. A capture runs the step once, where a read of the
+    device raises (``no_host_reads``: a CUDA capture refuses a sync); a replay runs it again.
+    A real replay writes the memory the capture recorded, whatever Python names since: the
+    fake refuses a step that leaves a weight, a gradient or Adam's state in new memory (a
+    tensor rebound, a gradient set to None), which a real graph would no longer update.
+    What it proves is the step's bookkeeping on a CPU, not a CUDA capture."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+
+    def pool(self) -> object:
+        return object()
+
+    def warm_up(self, body, steps: int) -> None:
+        for _ in range(steps):
+            body()
+
+    def capture(self, body, pool) -> FakeGraph:
+        from helpers import no_host_reads
+
+        with no_host_reads():
+            body()
+        self.captured += 1
+        return FakeGraph(body)
+
+    def rng_state(self, device: torch.device) -> tuple[torch.Tensor]:
+        return (torch.get_rng_state(),)
+
+    def set_rng_state(self, state: tuple[torch.Tensor], device: torch.device) -> None:
+        torch.set_rng_state(state[0])
+
+
+class FakeGraph:
+    """A captured step: ``replay`` runs it on the memory the capture left it."""
+
+    def __init__(self, body) -> None:
+        self.body = body
+        self.memory = self.addresses()
+
+    def addresses(self) -> list[int]:
+        step = self.body
+        tensors = [t for p in step.params for t in (p, p.grad)]
+        tensors += [t for s in step.adam.state.values() for t in s.values()]
+        tensors += [g["lr"] for g in step.adam.param_groups]
+        if any(t is None for t in tensors):
+            raise AssertionError("a gradient set to None: a replay would not refill it")
+        return [t.data_ptr() for t in tensors]
+
+    def replay(self) -> None:
+        if self.addresses() != self.memory:
+            raise AssertionError("the step's tensors moved since the capture")
+        self.body()

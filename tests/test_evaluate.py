@@ -12,8 +12,11 @@ import shutil
 import sys
 from pathlib import Path
 
+import hypothesis
 import pytest
+import sacrebleu
 from helpers import tiny_run_dir
+from hypothesis import strategies as st
 from sacrebleu.metrics import BLEU
 
 from seq2seq.commands.cli import main
@@ -31,6 +34,7 @@ from seq2seq.decoding.evaluate import (
 from seq2seq.decoding.load import load_run
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run.checkpoint import BEST_FILE, average_run, describe_weights, read_tensors
+from seq2seq.training.validation import reference_bleu
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
@@ -237,3 +241,21 @@ def test_literature_bleu_does_not_warn_that_its_tokenized_text_looks_tokenized(c
     with caplog.at_level(logging.WARNING, logger="sacrebleu"):
         assert literature_bleu(lines, lines, "de")["bleu_lc_norm_tok"] == 100.0
     assert "detokenize" not in caplog.text
+
+
+_words = st.lists(st.sampled_from(["a", "dog", "runs", "the", "Hund", ",", "."]), max_size=8)
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(
+    st.lists(st.tuples(_words, _words), min_size=1, max_size=6),
+    st.sampled_from(["13a", "char", "intl"]),
+)
+def test_validation_bleu_against_cached_references_is_corpus_bleus(pairs, tokenize):
+    """The validation's BLEU, whose reference statistics are computed once per run, scores
+    what ``sacrebleu.corpus_bleu`` scores, to the bit, and a second scoring (cached) too."""
+    hyps = [" ".join(h) for h, _ in pairs]
+    refs = tuple(" ".join(r) for _, r in pairs)
+    expected = sacrebleu.corpus_bleu(hyps, [list(refs)], tokenize=tokenize).score
+    for _ in range(2):
+        assert reference_bleu(refs, tokenize).corpus_score(hyps, None).score == expected

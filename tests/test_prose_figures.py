@@ -270,6 +270,12 @@ def paper_departures() -> list[str]:
     ]
 
 
+def gpu_recipe() -> list[str]:
+    """The GPU recipe's learning rate, from its config file."""
+    config = yaml.safe_load((REPO / "experiments/configs/gpu.yaml").read_text("utf-8"))
+    return [f"{config['train']['lr']:g}"]
+
+
 def cooldown_arm() -> list[str]:
     """The cool-down of the arm docs/transformer.md compares, from its record's config."""
     config = yaml.safe_load(
@@ -291,7 +297,12 @@ SOURCES: dict[str, list[Source]] = {
         (None, decode_defaults),
         (None, lambda: [f"{math.log2(14):.1f} bits"]),  # a row spread evenly over 14 keys
     ],
-    "docs/training.md": [(None, cooldown), (None, dropout_schedule), (None, muon_and_ema)],
+    "docs/training.md": [
+        (None, cooldown),
+        (None, dropout_schedule),
+        (None, muon_and_ema),
+        (None, gpu_recipe),
+    ],
     "docs/transformer.md": [(None, paper_departures), (None, cooldown_arm)],
     "docs/export.md": [(None, lambda: ["95%"])],  # tests/test_export.py's agreement threshold
     "experiments/alignment/README.md": [  # the default cool-down's start, its last 30%

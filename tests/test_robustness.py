@@ -31,7 +31,7 @@ from seq2seq.decoding.load import load_run
 from seq2seq.decoding.translate import Translator
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run import checkpoint, rundir
-from seq2seq.training import trainer as train_module
+from seq2seq.training import steps as train_module
 from seq2seq.training.entry import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from test_train import read_metrics, tiny_config
 from seq2seq.errors import Seq2SeqError
 from seq2seq.run.precision import FP16, describe_precision
 from seq2seq.run.runtime import Runtime
-from seq2seq.training import scaling, trainer
+from seq2seq.training import scaling, steps
 from seq2seq.training.entry import train
 from seq2seq.training.scaling import LossScaling
 from seq2seq.training.trainer import Trainer
@@ -81,8 +81,8 @@ def test_an_overflowed_step_is_skipped_and_halves_the_scale(tmp_path, monkeypatc
 def test_a_non_finite_loss_is_a_bad_step_in_fp16_too(tmp_path, monkeypatch):
     """Scaling cannot help a loss already NaN in the forward pass: the bad-step count does."""
     t = fp16_trainer(tmp_path, monkeypatch, 2.0**10)
-    loss = trainer.sequence_loss
-    monkeypatch.setattr(trainer, "sequence_loss", lambda *args: loss(*args) * math.nan)
+    loss = steps.sequence_loss
+    monkeypatch.setattr(steps, "sequence_loss", lambda *args: loss(*args) * math.nan)
     loss, _ = first_step(t)
     assert loss is not None and math.isnan(loss)
 

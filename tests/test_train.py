@@ -1048,3 +1048,53 @@ def test_the_training_forward_reads_nothing_on_the_host(tmp_path, monkeypatch):
     config = tiny_config(train__max_steps=2, train__compile="false")
     assert train(config, tmp_path / "run", progress=False)["step"] == 2
     assert len(calls) >= 3  # two steps and a validation loss
+
+
+def test_cooldown_validate_every_validates_densely_in_the_cool_down(tmp_path):
+    """Every 10 steps, then every 4 once the learning rate cools down (after step 28 of 40 at
+    cooldown 0.3): the last validated states, which the run averages, are late ones."""
+    run = tmp_path / "run"
+    settings = {"train__validate_every": 10, "train__cooldown_validate_every": 4}
+    train(tiny_config(train__max_steps=40, train__cooldown=0.3, **settings), run, progress=False)
+    assert [r["step"] for r in read_metrics(run, "valid")] == [10, 20, 32, 36, 40]
+
+
+@pytest.mark.parametrize(("save_every", "written"), [(0.0, "every"), (1e6, "first and last")])
+def test_save_every_writes_the_state_and_curves_at_most_that_often(
+    tmp_path, monkeypatch, save_every, written
+):
+    """train.save_every: last.safetensors and curves.png no sooner than that many seconds
+    after the last; before the first step, the drawing at the end and the last state are
+    always written. 0: after every validation, as before."""
+    from seq2seq.training import trainer as trainer_module
+    from seq2seq.training import validation
+
+    saves, draws = [], []
+    save, draw = checkpoint.save_training_state, validation.update_run_curves
+
+    def counted_save(path, model, optimizer, counters, *args, **kwargs):
+        saves.append(counters["step"])
+        return save(path, model, optimizer, counters, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module.checkpoint, "save_training_state", counted_save)
+    monkeypatch.setattr(validation, "update_run_curves", lambda *a: draws.append(1) or draw(*a))
+    config = tiny_config(train__max_steps=20, train__validate_every=5, train__save_every=save_every)
+    train(config, tmp_path / "run", progress=False)
+    if written == "every":
+        assert saves[0] == 0 and {5, 10, 15, 20} <= set(saves) and len(draws) == 4
+    else:
+        assert saves == [0, 20] and len(draws) == 2  # the first validation's, and the end's
+    assert (tmp_path / "run" / "curves.png").is_file()
+
+
+@pytest.mark.parametrize("recipe", ["gpu.yaml", "gpu-tiny.yaml"])
+def test_the_gpu_recipes_load_and_train(tmp_path, recipe):
+    """experiments/configs' GPU recipes are valid configs that train (two steps here, on the
+    sample corpus, a CPU and a tenth of their batch): every key they set exists and fits."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / "configs" / recipe
+    sample = ["data.data=sample", "data.vocab_size=200", "data.max_tokens=819", "train.threads=1"]
+    sample += ["train.attention_sentences=0", "train.valid_bleu_sentences=2"]
+    config = load_config(path, [*sample, "train.max_steps=2", "train.device=cpu"])
+    assert config.data.max_tokens == 819 and config.train.save_every == 60
+    result = train(config, tmp_path / "run", progress=False)
+    assert result["step"] == 2

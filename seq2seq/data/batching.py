@@ -23,7 +23,8 @@ Item, Made = TypeVar("Item"), TypeVar("Made")
 N_BUCKETS = 12  # padded lengths: few shapes, so that a captured step per shape is cheap
 BUCKET_MULTIPLE = 8  # each a multiple of 8, the width tensor cores work in
 # Device types where a record showed padding to buckets pays: none yet. It serves a captured
-# step (torch.cuda.graph), not built; an eager step only computes the padding for nothing.
+# step (train.cuda_graphs, which turns it on under auto); an eager step only computes the
+# padding for nothing.
 BUCKETS_WIN: frozenset[str] = frozenset()
 
 
@@ -48,11 +49,11 @@ class Buckets:
         return cls(tuple(sorted({min(-(-n // m) * m, cap) for n in evenly})), max_tokens)
 
     @classmethod
-    def of_run(cls, config: Config, device: torch.device) -> Buckets | None:
+    def of_run(cls, config: Config, device: torch.device, needed: bool = False) -> Buckets | None:
         """A run's buckets on ``device``, when its ``data.pad_to_buckets`` (auto, true or
-        false) says so there; else None."""
+        false) says so there, or under auto when a captured step is ``needed``; else None."""
         d, setting = config.data, setting_of(config.data.pad_to_buckets)
-        if setting == "true" or (setting == "auto" and device.type in BUCKETS_WIN):
+        if setting == "true" or (setting == "auto" and (needed or device.type in BUCKETS_WIN)):
             return cls.covering(d.max_len, d.max_tokens, config.model.max_positions)
         return None
 

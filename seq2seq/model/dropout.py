@@ -42,22 +42,33 @@ class Dropout(nn.Module):
 
     @p.setter
     def p(self, value: float) -> None:
+        if getattr(self, "_p", None) == float(value):  # the schedule sets it every step
+            return
         self._p = float(value)  # what eager code reads: no device sync for it
         self.active = value > 0.0  # what a compiled graph guards on: one bool, not the value
         self.rate.fill_(value)
         self.scale.fill_(1.0 / (1.0 - value))  # float32 of the eager path's Python float
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or not self.active:
+        if not self.training:
+            return x
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._from_tensors(x)  # a graph replays it at whatever rate is set then
+        if not self.active:
             return x
         if is_compiling():
-            # Scaled in float32, then cast, as on the eager path: on a GPU a 0-dim tensor in
-            # bf16 arithmetic is rounded to bf16 first (1 - 0.1 became 0.8984375).
-            keep = torch.rand_like(x, dtype=torch.float32) >= self.rate
-            return (x.float() * keep * self.scale).to(x.dtype)
+            return self._from_tensors(x)
         if x.device.type != "cpu":
             return F.dropout(x, self.p, True)
         return _MaskAndScale.apply(x, keep_mask(x.shape, self.p), self.p)
+
+    def _from_tensors(self, x: Tensor) -> Tensor:
+        """Dropout at the rate and scale in the module's tensors, which a compiled or captured
+        graph reads when it runs. Scaled in float32, then cast, as on the eager path: on a GPU
+        a 0-dim tensor in bf16 arithmetic is rounded to bf16 first (1 - 0.1 became
+        0.8984375)."""
+        keep = torch.rand_like(x, dtype=torch.float32) >= self.rate
+        return (x.float() * keep * self.scale).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"p={self.p:g}"

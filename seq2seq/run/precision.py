@@ -140,7 +140,9 @@ def describe_precision(precision: str, dtype: torch.dtype | None, device: torch.
     return f"fp32 on {device}"
 
 
-def autocast(device: torch.device, dtype: torch.dtype | None):
+def autocast(device: torch.device, dtype: torch.dtype | None, cache: bool = True):
+    """Autocast to ``dtype`` on ``device`` (None: none). ``cache``: keep the weights' casts
+    for the region's length; a captured CUDA graph must not (torch's CUDA graph notes)."""
     if dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=dtype)
+    return torch.autocast(device.type, dtype=dtype, cache_enabled=cache)

@@ -137,16 +137,27 @@ class Optimizers:
 
     def __init__(self, parts: list[torch.optim.Optimizer], peak_lrs: list[float]) -> None:
         self.parts, self.peak_lrs = parts, peak_lrs  # each part's learning rate at its peak
+        self.factor = 1.0  # the schedule's, as set_lr last set it
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
         return [group for part in self.parts for group in part.param_groups]
 
     def set_lr(self, factor: float) -> None:
-        """Every group at its part's peak learning rate times the schedule's ``factor``."""
+        """Every group at its part's peak learning rate times the schedule's ``factor``; a
+        learning rate on the device (a captured step's, graphs.py) is filled in place."""
+        self.factor = factor
         for part, peak in zip(self.parts, self.peak_lrs, strict=True):
             for group in part.param_groups:
-                group["lr"] = peak * factor
+                if isinstance(group["lr"], Tensor):
+                    group["lr"].fill_(peak * factor)
+                else:
+                    group["lr"] = peak * factor
+
+    @property
+    def lr(self) -> float:
+        """The first part's learning rate now (Adam's), read without the device."""
+        return self.peak_lrs[0] * self.factor
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts:
@@ -172,7 +183,8 @@ class Optimizers:
             own = part.state_dict()
             state |= {offset + i: entry for i, entry in own["state"].items()}
             groups += [
-                {**g, "params": [offset + i for i in g["params"]]} for g in own["param_groups"]
+                {**g, "params": [offset + i for i in g["params"]]} | _host_values(g)
+                for g in own["param_groups"]
             ]
             offset += sum(len(g["params"]) for g in own["param_groups"])
         return {"state": state, "param_groups": groups}
@@ -192,6 +204,15 @@ class Optimizers:
             own = [{**g, "params": [i - offset for i in g["params"]]} for g in own]
             part.load_state_dict({"state": state, "param_groups": own})
             offset += count
+
+
+def _host_values(group: dict[str, Any]) -> dict[str, Any]:
+    """A captured step's device learning rate as the number it holds, and ``capturable`` as
+    Adam is built: the saved state reads as an eager run's, and a captured run makes its
+    device rate again when it captures."""
+    if not isinstance(group.get("lr"), Tensor):
+        return {}
+    return {"lr": float(group["lr"]), "capturable": False}
 
 
 def build_optimizer(model: nn.Module, config: Config) -> Optimizers:

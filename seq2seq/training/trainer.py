@@ -19,22 +19,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm  # a widget in a notebook with ipywidgets, else text
 
 from seq2seq.config import Config, dropout_at
-from seq2seq.data.batching import Batch, Buckets, Prefetcher, TokenBatchSampler, collate
+from seq2seq.data.batching import Buckets, Prefetcher, TokenBatchSampler
 from seq2seq.data.prepare import Prepared
 from seq2seq.data.store import PairStore
 from seq2seq.data.subword import EpochSampler
-from seq2seq.errors import Seq2SeqError
 from seq2seq.fileio import atomic_write_text
 from seq2seq.model.transformer import Seq2Seq, build_model
 from seq2seq.run import checkpoint
-from seq2seq.run.precision import autocast, autocast_dtype, describe_precision, matmul_precision
+from seq2seq.run.precision import autocast_dtype, describe_precision, matmul_precision
 from seq2seq.run.runlog import MetricsLog, say, write_environment
 from seq2seq.run.runtime import (
     Runtime,
@@ -47,16 +44,18 @@ from seq2seq.run.runtime import (
     seed_ranks,
 )
 from seq2seq.training import budget, optim
-from seq2seq.training.compiling import compile_errors, compiled, fallback, wants_compile
+from seq2seq.training.compiling import compile_errors, compiled, wants_compile
 from seq2seq.training.ema import WeightEMA
-from seq2seq.training.optim import build_optimizer, cooldown, inverse_sqrt, sequence_loss
+from seq2seq.training.graphs import wants_graphs
+from seq2seq.training.optim import build_optimizer, inverse_sqrt
 from seq2seq.training.prepare import prepare_data
 from seq2seq.training.scaling import LossScaling
 from seq2seq.training.state import TrainState, describe_dropout, describe_end, describe_subwords
+from seq2seq.training.steps import Steps
 from seq2seq.training.validation import Validation
 
 
-class Trainer:
+class Trainer(Steps):
     """One run: ``Trainer(...)`` builds it (data, model, optimizer, state), ``run()`` trains.
     Validating, averaging and ending a run are its ``validation``'s (validation.py)."""
 
@@ -71,6 +70,7 @@ class Trainer:
     ) -> None:
         self.config, self.run_dir, self.runtime, self.progress = config, run_dir, runtime, progress
         self.resumed = resume
+        self.graphed = wants_graphs(config, runtime)  # refused in one line before any work
         torch.manual_seed(config.train.seed)
         self.data = self._prepare_data()
         self.dtype = autocast_dtype(config.train.precision, runtime.device)
@@ -82,7 +82,9 @@ class Trainer:
         if runtime.main:  # one entry per segment of training: a resumed run keeps the earlier ones
             write_environment(run_dir, runtime, config.train.precision, self.dtype, self.state.step)
         self.ddp, self.forward, self.compile_errors = self._forward()
-        self.buckets = Buckets.of_run(config, runtime.device)  # None: batches as they come
+        # None: batches as they come; a captured step needs them (one graph a shape)
+        self.buckets = Buckets.of_run(config, runtime.device, self.graphed)
+        self.graphs = self._capture() if self.graphed else None
         self.use_pairs(self.data.train)
         # the epochs' sampled segmentations, when data.subword_alpha is set
         self.subwords = EpochSampler.of_run(config, self.data.train, run_dir)
@@ -94,6 +96,7 @@ class Trainer:
         if resume:
             self.signals.saved = self.saved_state()
         self.clock = budget.Clock(self.state.elapsed)
+        self.saved_at = self.state.elapsed  # the clock's reading at the last save
         self.validation = self._validation()
         self.dropout = config.model.dropout  # as the schedule last set it (set_dropout)
         self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s since the last log line
@@ -176,7 +179,8 @@ class Trainer:
             + f"; a step takes {self.batches_per_step()} batch(es) of up to "
             + f"{self.config.data.max_tokens} tokens"
             + (f", padded to {len(self.buckets.lengths)} shapes" if self.buckets else "")
-            + ("; torch.compile" if self.compile_errors else "")
+            + ("; torch.compile" if self.compile_errors and not self.graphs else "")
+            + ("; the step captured as CUDA graphs" if self.graphs else "")
             + (f"; resuming at step {self.state.step}" if self.resumed else "")
         )
 
@@ -223,7 +227,7 @@ class Trainer:
                 )
             while s.stop_reason is None:  # the last epoch's end says max_epochs, at the latest
                 self.train_epoch()
-                self.save()
+                self.save(due_only=True)
             if not s.stop_reason.startswith("signal"):  # agreed: every rank validates, or none
                 self.validation.finish()
             self.save()
@@ -260,12 +264,15 @@ class Trainer:
                 self.dropout = dropout_at(self.config, s.epoch + s.batch / len(batches))
                 self.model.set_dropout(self.dropout)
                 try:
-                    loss, n_tokens = self.train_step(group, mine)
+                    loss, n_tokens = self.take_step(group, mine)
                 except self.compile_errors as e:  # () unless compiled: then catches nothing
                     loss, n_tokens = self.uncompile(e, group, mine)
                 s.batch += len(group)
                 bar.update(len(group))
-                if loss is None:  # an fp16 overflow: skipped by the loss scaler
+                if self.graphs:  # counted as a step; a skipped one is read at the next log
+                    s.step += 1
+                    self.after_step(None, n_tokens, bar)
+                elif loss is None:  # an fp16 overflow: skipped by the loss scaler
                     s.scaler_skips = self.scaling.count_skip(s.scaler_skips)
                 elif math.isfinite(loss):
                     s.step += 1
@@ -303,77 +310,18 @@ class Trainer:
             return None
         return self.subwords.read(epoch)
 
-    # -- the steps -----------------------------------------------------------------------
-
-    def my_batches(self, group: list[np.ndarray]) -> list[tuple[Batch, float]]:
-        """This process's share of a step's ``group`` of batches, padded (to its bucket's shape
-        with buckets; pinned for a GPU), each with its loss weight: a process left without a
-        batch at the end of an epoch takes part with the first one at weight 0, so that every
-        process steps together."""
-        mine = group[self.runtime.rank :: self.runtime.world]
-        weighted = [(idx, 1.0) for idx in mine] or [(group[0], 0.0)]
-        pin = self.runtime.device.type == "cuda"
-        pairs, buckets = self.train_pairs.pairs, self.buckets
-        return [(collate(*pairs(idx), buckets).pinned(pin), w) for idx, w in weighted]
-
-    def train_step(
-        self, group: list[np.ndarray], mine: list[tuple[Batch, float]]
-    ) -> tuple[float | None, int]:
-        """One optimizer step over ``group`` (every process's batches, ``mine`` this one's);
-        returns the mean loss per target token over the whole step and its target token
-        count: NaN for a step skipped for a non-finite loss or gradient, None for an fp16
-        step the loss scaler skipped (finite loss, overflowed scaled gradients)."""
-        t, runtime = self.config.train, self.runtime
-        # target tokens of the whole step, EOS included: what the loss averages over
-        n_total = int(sum(self.sampler.tgt_lengths[idx].sum() for idx in group))
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=runtime.device)
-        for micro, (batch, weight) in enumerate(mine):
-            batch = batch.to(runtime.device)
-            last = micro == len(mine) - 1
-            sync = last or not isinstance(self.ddp, nn.parallel.DistributedDataParallel)
-            no_sync = contextlib.nullcontext() if sync else self.ddp.no_sync()
-            with no_sync, autocast(runtime.device, self.dtype):
-                logits = self.forward(batch.src, batch.tgt_in, check=False)  # no host read
-                loss = sequence_loss(logits, batch.tgt_out, t.label_smoothing) * weight
-            # DDP averages gradients over ranks, so each rank scales its sum by world / n_total
-            # (and, in fp16, by the loss scale, which the gradients lose before clipping).
-            self.scaling.scale(loss * runtime.world / n_total).backward()
-            loss_sum += loss.detach()
-        if runtime.world > 1:
-            dist.all_reduce(loss_sum)
-        self.scaling.unscale(self.optimizer)
-        # A finite loss can still have a NaN/Inf gradient: check the norm too (one reduction;
-        # with clipping off, an infinite max_norm measures without scaling). Both are read in
-        # one transfer: the step's only wait for the device, which the skip decision needs.
-        norm = nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or math.inf)
-        loss_total, norm = torch.stack([loss_sum.float(), norm.float()]).tolist()
-        mean_loss = loss_total / n_total
-        if not (math.isfinite(mean_loss) and math.isfinite(norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            return (None if self.scaling.overflowed(mean_loss) else math.nan), n_total
-        used = budget.used(self.state, t, self.clock.agreed)  # the same on every rank
-        self.optimizer.set_lr(self.schedule(self.state.step + 1) * cooldown(used, t.cooldown))
-        self.scaling.step(self.optimizer)
-        self.ema.update(self.state.step + 1)
-        return mean_loss, n_total
-
-    def uncompile(
-        self, error: BaseException, group: list[np.ndarray], mine: list[tuple[Batch, float]]
-    ) -> tuple[float | None, int]:
-        """A compiled step failed to compile: the run ends, or says so and goes on eagerly
-        from this same step, as ``compiling.fallback`` rules."""
-        self.say(fallback(error, self.config.train.compile, self.state.step + 1))
-        self.forward, self.compile_errors = self.ddp, ()
-        return self.train_step(group, mine)
-
-    def after_step(self, loss: float, n_tokens: int, bar: tqdm) -> None:
-        """Log every ``log_every`` steps; validate and save every ``validate_every``."""
+    def after_step(self, loss: float | None, n_tokens: int, bar: tqdm) -> None:
+        """Log every ``log_every`` steps; validate and save every ``validate_every``. A
+        captured step's ``loss`` is None: read here, at log steps, with its skipped steps."""
         s, t = self.state, self.config.train
         self.tick_tokens += n_tokens
         if s.step % t.log_every == 0:
+            if loss is None:
+                loss, skipped = self.graphs.read()
+                for _ in range(skipped):
+                    self.skip_bad_step(on_device=True)
             rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
-            lr = self.optimizer.param_groups[0]["lr"]
+            lr = self.optimizer.lr
             postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
             left = budget.time_left(t, self.clock.elapsed())
             if left is not None:
@@ -389,27 +337,23 @@ class Trainer:
             values |= self.scaling.values(s.scaler_skips) | peak_memory(self.runtime.device)
             self.log.log("train", s.step, values)
             self.tick, self.tick_tokens = time.monotonic(), 0
-        if t.validate_every and s.step % t.validate_every == 0:
+        every = t.validate_every
+        if t.cooldown_validate_every and self.cooling_down():
+            every = t.cooldown_validate_every
+        if every and s.step % every == 0:
             self.validation.validate()
-            self.save()
+            self.save(due_only=True)
             self.tick, self.tick_tokens = time.monotonic(), 0  # tokens/s measures training alone
 
-    def skip_bad_step(self) -> None:
-        s, t = self.state, self.config.train
-        s.bad_steps += 1
-        self.say(
-            f"warning: non-finite loss at step {s.step + 1}; step skipped "
-            f"({s.bad_steps} of at most {t.max_bad_steps})"
-        )
-        if s.bad_steps > t.max_bad_steps:
-            raise Seq2SeqError(
-                f"training stopped: {s.bad_steps} steps with a NaN/Inf loss "
-                f"(max {t.max_bad_steps}); last good checkpoint kept; try a lower train.lr"
-            )
-
-    def save(self) -> None:
+    def save(self, due_only: bool = False) -> None:
         """The whole training state into ``last.safetensors``, with every rank's RNG: dropout
-        masks differ across ranks, and a resumed rank must go on drawing where it stopped."""
+        masks differ across ranks, and a resumed rank must go on drawing where it stopped.
+        ``due_only``: not sooner than ``train.save_every`` seconds after the last write (on
+        rank 0's clock, so that every rank gathers, or none)."""
+        every = self.config.train.save_every
+        if due_only and every and self.clock.agreed - self.saved_at < every:
+            return
+        self.saved_at = self.clock.agreed
         rng = gather(self.runtime, checkpoint.rng_state())
         if self.runtime.main:
             self.validation.replacing_weights()

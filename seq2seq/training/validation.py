@@ -6,14 +6,15 @@ and the weights they keep.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import sacrebleu
 import torch
+from sacrebleu.metrics import BLEU
 from torch import nn
 
 from seq2seq.config import Config, DecodeConfig
@@ -65,8 +66,19 @@ def validation_bleu(
     )
     shards = gather(runtime, [data.tokenizer.decode(h.tokens, "tgt") for h in hyps])
     text = [shards[i % runtime.world][i // runtime.world] for i in range(n)]
-    tokenize = bleu_tokenize(config.data.tgt)
-    return sacrebleu.corpus_bleu(text, [data.valid_refs[:n]], tokenize=tokenize).score
+    return (
+        reference_bleu(tuple(data.valid_refs[:n]), bleu_tokenize(config.data.tgt))
+        .corpus_score(text, None)
+        .score
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def reference_bleu(refs: tuple[str, ...], tokenize: str) -> BLEU:
+    """sacreBLEU's BLEU with the statistics of ``refs`` computed once: every validation of a
+    run scores against the same references, and tokenizing them took most of the scoring.
+    The score is ``corpus_bleu``'s, to the bit."""
+    return BLEU(tokenize=tokenize, references=[list(refs)])
 
 
 def greedy(config: Config) -> DecodeConfig:
@@ -129,6 +141,7 @@ class Validation:
     say: Callable[[str], None]
     elapsed: Callable[[], float]  # seconds trained, earlier segments of a resumed run included
     scores_stale: bool  # seq2seq evaluate's scores are of weights not yet replaced
+    drawn_at: float | None = None  # elapsed() when curves.png was last drawn
 
     def finish(self) -> None:
         """The end of a run that a budget stopped (on every rank): the state it ended on
@@ -142,6 +155,8 @@ class Validation:
             self.try_ema()
         if t.attention_sentences and self.runtime.main:
             self.save_attention(draw=True)  # the last state's maps, drawn
+        if t.save_every and self.runtime.main:  # the curves to the end, however recent
+            update_run_curves(self.run_dir, self.say)
         s.finished = True
 
     def validate(self, scheduled: bool = True) -> None:
@@ -182,12 +197,22 @@ class Validation:
         # valid_s: what this validation cost (loss, BLEU, checkpoints, attention maps)
         timing = {"epoch": s.epoch, "elapsed_min": minutes, "valid_s": time.monotonic() - began}
         self.log.log("valid", s.step, {**values, **timing})
-        update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
+        if self.drawing_due():
+            update_run_curves(self.run_dir, self.say)  # RUN/curves.png; never stops the run
         self.say(
             f"step {s.step} epoch {s.epoch}: valid loss {loss:.3f} ppl {ppl:.2f} BLEU {bleu:.2f} "
             f"(best {s.best_bleu:.2f} at {s.best_step}) {minutes:.1f} min"
         )
         self.model.train()
+
+    def drawing_due(self) -> bool:
+        """Whether curves.png is to be redrawn now: after every validation, or with
+        ``train.save_every``, not sooner than that many seconds after the last drawing."""
+        every, now = self.config.train.save_every, self.elapsed()
+        if every and self.drawn_at is not None and now - self.drawn_at < every:
+            return False
+        self.drawn_at = now
+        return True
 
     def save_attention(self, draw: bool) -> None:
         """Cross-attention of the first validation sentences in ``attention/step_N/``. Drawn
