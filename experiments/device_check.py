@@ -109,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--total", type=int, help=f"seconds for everything (default {TOTAL_SECONDS})")
     p.add_argument("--deadline", action="append", default=[], metavar="STAGE=SECONDS",
                    help="one stage's deadline (repeatable)")  # fmt: skip
+    p.add_argument("--main-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting of the main job, as train --set takes it (repeatable): "
+                   "train.cuda_graphs=true trains it captured")  # fmt: skip
     p.add_argument("--wheels", type=Path, default=REPO / ".whl", help="wheels to unpack")
     p.add_argument("--scratch", type=Path, help="runs and stage files (default: a folder in "
                    "the system's temporary one, kept for --only)")  # fmt: skip
@@ -206,6 +209,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     def stage(name: str) -> Stage:
         me = [sys.executable, __file__, "--stage", name, "--scratch", str(args.scratch)]
         me += ["--out", str(args.out), *(["--cpu"] if args.cpu else [])]
+        me += [x for setting in args.main_set for x in ("--main-set", setting)]
         result = args.scratch / f"{name}.json"
         result.unlink(missing_ok=True)  # a rerun's result, never the last call's
         return Stage(

@@ -86,6 +86,7 @@ def main_child(args: argparse.Namespace) -> int:
     so that a cut call still brings back the run so far."""
     run = args.scratch / "main"
     command = train_command(args, run, ["--max-time", "3"])
+    command += [x for setting in args.main_set for x in ("--set", setting)]
     found: dict[str, Any] = {"command": shown(command, args)}
     began = time.monotonic()
     sampler = GpuSampler(args.scratch / "gpu_util.csv")

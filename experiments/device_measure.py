@@ -56,18 +56,19 @@ def step_groups(trainer: Trainer, n: int) -> list[list[np.ndarray]]:
     return [groups[i % len(groups)] for i in range(n)]
 
 
-def train_steps(trainer: Trainer, groups: list[list[np.ndarray]]) -> tuple[int, int]:
-    """``groups`` stepped as ``train_epoch`` steps them; the target tokens and the steps
-    skipped for a non-finite loss or gradient."""
-    t, tokens, skipped = trainer.config.train, 0, 0
+def train_steps(trainer: Trainer, groups: list[list[np.ndarray]]) -> tuple[int, int, float]:
+    """``groups`` stepped as ``train_epoch`` steps them; the target tokens, the steps skipped
+    for a non-finite loss or gradient, and the last step's loss."""
+    t, tokens, skipped, loss = trainer.config.train, 0, 0, math.nan
     trainer.model.set_dropout(dropout_at(trainer.config, 0.0))
     with Prefetcher(trainer.my_batches, groups, t.prefetch) as ready:
         for group, mine in zip(groups, ready, strict=False):
             loss, n_tokens = trainer.take_step(group, mine)  # a captured step's loss: None
             tokens, skipped = tokens + n_tokens, skipped + (loss is not None and math.isnan(loss))
-    if trainer.graphs is not None:  # skipped on the device: read once, at the end
-        skipped += trainer.graphs.read()[1]
-    return tokens, skipped
+    if trainer.graphs is not None:  # read once, at the end: the last loss, the device's skips
+        loss, on_device = trainer.graphs.read()
+        skipped += on_device
+    return tokens, skipped, loss
 
 
 def same_groups(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) -> bool:
@@ -82,7 +83,7 @@ def timed_block(trainer: Trainer, groups: list[list[np.ndarray]]) -> dict[str, A
     with matmul_precision(trainer.config.train.precision, device):
         synchronize(device)
         began = time.perf_counter()
-        tokens, skipped = train_steps(trainer, groups)
+        tokens, skipped, loss = train_steps(trainer, groups)
         synchronize(device)
         seconds = time.perf_counter() - began
     return {
@@ -90,6 +91,9 @@ def timed_block(trainer: Trainer, groups: list[list[np.ndarray]]) -> dict[str, A
         "seconds": round(seconds, 4),
         "tokens_per_s": round(tokens / seconds, 1),
         "skipped_steps": skipped,
+        # every arm trains from the same weights on the same batches: a captured arm's loss
+        # beside its eager arm's says whether it trains the same (up to dropout's masks)
+        "last_loss": round(loss, 4) if loss is not None else None,
     }
 
 

@@ -166,7 +166,7 @@ def test_the_dry_runs_record_renders_as_a_device_check_section(tmp_path):
     assert "**A dry run on the CPU" in dry and "**A dry run" not in lent
     for stage in ("env", "rates", "profile", "main", "readme", "torchrun"):
         assert f"| {stage} | passed |" in dry
-    assert "fp16 refused by the config" in dry and "bf16 / tf32" in dry
+    assert "tf32-graphs refused by the config" in dry and "bf16 / tf32" in dry
     assert "GPU busy" not in dry and "no GPU read by nvidia-smi" in dry
     assert "NVIDIA H200" in lent and "GPU busy" in lent and "(first at trainer.py:341)" in lent
     assert "| serve | passed |" in dry and "| NCCL calls, one rank | passed |" in dry
@@ -205,3 +205,15 @@ def test_a_check_stopped_by_sigterm_ends_the_stage_it_was_running(tmp_path):
         driver.terminate()
         assert driver.wait(timeout=30) == 128 + 15
     assert not alive(int(pid_file.read_text()))
+
+
+def test_main_set_reaches_the_main_jobs_child(tmp_path):
+    """--main-set passes a setting to every stage's child, whose main job trains with it (a
+    second call can train the main job captured: train.cuda_graphs=true)."""
+    from experiments.device_check import parse_args, stages
+
+    args = parse_args(["--out", str(tmp_path), "--main-set", "train.cuda_graphs=true"])
+    (main,) = [s for s in stages(args) if s.name == "main"]
+    at = main.command.index("--main-set")
+    assert main.command[at + 1] == "train.cuda_graphs=true"
+    assert parse_args(main.command[2:]).main_set == ["train.cuda_graphs=true"]
