@@ -60,7 +60,7 @@ from helpers import TINY_RUN  # noqa: E402
 
 from experiments.records.speed import train_table  # noqa: E402
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
-from seq2seq.data.batching import Batch, TokenBatchSampler, collate  # noqa: E402
+from seq2seq.data.batching import Batch, Buckets, TokenBatchSampler, collate  # noqa: E402
 from seq2seq.data.corpora import encode_pairs, load_corpus  # noqa: E402
 from seq2seq.data.tokenizer import Tokenizer  # noqa: E402
 from seq2seq.model.layers import sinusoidal_table  # noqa: E402
@@ -73,6 +73,7 @@ from seq2seq.run.precision import (  # noqa: E402
 )
 from seq2seq.run.runlog import accelerator, machine  # noqa: E402
 from seq2seq.run.runtime import setup_runtime  # noqa: E402
+from seq2seq.training.graphs import CapturedSteps  # noqa: E402
 from seq2seq.training.optim import build_optimizer, sequence_loss  # noqa: E402
 from seq2seq.vocab import PAD_ID  # noqa: E402
 
@@ -219,8 +220,14 @@ def prepare_batches(args: argparse.Namespace, config) -> tuple[list[Batch], Toke
         )
         origin = f"tokenizer trained into {out}"
     src, tgt, _ = encode_pairs(pairs, tokenizer, config.data.max_len)
+    d = config.data  # --captured: batches that fit their bucket's shape, for every contestant
+    buckets = Buckets.covering(d.max_len, d.max_tokens, config.model.max_positions)
     sampler = TokenBatchSampler(
-        [len(x) + 1 for x in src], [len(x) + 1 for x in tgt], config.data.max_tokens, seed=0
+        [len(x) + 1 for x in src],
+        [len(x) + 1 for x in tgt],
+        d.max_tokens,
+        seed=0,
+        buckets=buckets if args.captured else None,
     )
     needed = args.rounds * args.steps + max(args.warmup, args.compile_warmup)
     batches = [
@@ -299,6 +306,35 @@ class Trainee:
         synchronize(self.device)
         elapsed = time.perf_counter() - start
         self.losses.append(loss.item())
+        return elapsed
+
+
+class CapturedTrainee(Trainee):
+    """The trainer's step captured as CUDA graphs (seq2seq/training/graphs.py), one per bucket
+    shape, on ``model`` (ours, called unchecked; ``reference``: called as ``model(src,
+    tgt_in)``): each batch padded to its bucket's shape, then its graph replayed. Captured
+    before the warm-up, outside the timing."""
+
+    def __init__(self, name: str, model: nn.Module, config, dtype, reference: bool) -> None:
+        super().__init__(name, model, config, dtype)
+        c, d = config.model, config.data
+        self.buckets = Buckets.covering(d.max_len, d.max_tokens, c.max_positions)
+        started = time.perf_counter()
+        forward = model if reference else None  # None: ours, unchecked
+        self.graphs = CapturedSteps(
+            model, self.optimizer, config, self.buckets, dtype, None, forward
+        )
+        self.graphs.capture()
+        self.capture_seconds = time.perf_counter() - started
+
+    def step(self, batch: Batch) -> float:
+        batch = batch.padded_to(*self.buckets.shape(batch))
+        synchronize(self.device)
+        start = time.perf_counter()
+        self.graphs.step(batch, batch.n_tgt_tokens)
+        synchronize(self.device)
+        elapsed = time.perf_counter() - start
+        self.losses.append(self.graphs.read()[0])
         return elapsed
 
 
@@ -448,6 +484,12 @@ def main() -> None:
         "--muon", action="store_true", help="add our model trained by Muon (train.optimizer)"
     )
     parser.add_argument(
+        "--captured",
+        action="store_true",
+        help="CUDA: add the trainer's captured step (train.cuda_graphs) for ours and for "
+        "nn.Transformer; every contestant then takes batches bounded by their buckets",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny model, few steps: proves the script runs"
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -463,6 +505,8 @@ def main() -> None:
         args.compile_warmup = 2
         args.overrides = [*QUICK, *args.overrides]
     device = setup_runtime(args.device, args.threads).device
+    if args.captured and device.type != "cuda":
+        parser.error(f"--captured needs a CUDA device (this is {device})")
 
     config = load_config(args.config, args.overrides)
     batches, tokenizer, source = prepare_batches(args, config)
@@ -504,6 +548,19 @@ def main() -> None:
         reference = trainees[2].model  # nested off, tgt padding mask on, in the same precision
         for name, model, bucket in compiled_contestants(ours, reference, args.compiled):
             trainees.append(Trainee(name, model, config, dtype, bucket))
+    if args.captured:  # the same starting weights as the eager ones, and their own optimizer
+        trainees.append(
+            CapturedTrainee(
+                "seq2seq, the trainer's step, captured",
+                copy.deepcopy(ours),
+                config,
+                dtype,
+                reference=False,
+            )
+        )
+        reference = trainees[2].model  # nested off, tgt padding mask on
+        name = "nn.Transformer, nested off, tgt padding mask on, captured"
+        trainees.append(CapturedTrainee(name, copy.deepcopy(reference), config, dtype, True))
     if args.muon:
         muon = copy.deepcopy(config)
         muon.train.optimizer = "muon"
@@ -569,6 +626,7 @@ def main() -> None:
                 "model_flops_per_s": statistics.median(trainee.flop_rates),
                 "final_loss": trainee.losses[-1],
                 "warmup_seconds": trainee.warmup_seconds,
+                "capture_seconds": getattr(trainee, "capture_seconds", None),
                 "profiler_events_per_step": trainee.events,
             }
         )
@@ -576,7 +634,9 @@ def main() -> None:
         (
             r
             for r in results
-            if r["model"].startswith("nn.Transformer") and "compiled" not in r["model"]
+            if r["model"].startswith("nn.Transformer")
+            and "compiled" not in r["model"]
+            and "captured" not in r["model"]
         ),
         key=lambda r: r["tokens_per_s"],
     )
@@ -601,6 +661,15 @@ def main() -> None:
         print(
             f"best compiled seq2seq ({best['model']}) / eager: {gain:.2f}x"
             + (" -- compile wins" if gain > 1.0 else " -- eager stays")
+        )
+
+    captured = [r for r in results if r["model"] == "seq2seq, the trainer's step, captured"]
+    if captured:
+        gain = captured[0]["tokens_per_s"] / best_ref["tokens_per_s"]
+        print(
+            f"seq2seq, the trainer's step, captured / best eager nn.Transformer: {gain:.2f}x "
+            f"(goal >= {SPEEDUP_GOAL}x); / our eager step: "
+            f"{captured[0]['tokens_per_s'] / results[0]['tokens_per_s']:.2f}x"
         )
 
     muon = [r for r in results if r["model"] == "seq2seq, Muon"]

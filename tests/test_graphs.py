@@ -7,13 +7,16 @@ real capture does on a GPU is the device check's to show (experiments/device_che
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from fakes import FakeCuda, FakeGraphs
 from test_train import tiny_config
 
+from seq2seq.data.batching import collate
 from seq2seq.errors import Seq2SeqError
+from seq2seq.model.transformer import build_model
 from seq2seq.run.checkpoint import read_tensors
 from seq2seq.run.runtime import Runtime
 from seq2seq.training import graphs
@@ -21,6 +24,7 @@ from seq2seq.training.entry import train
 from seq2seq.training.optim import Optimizers
 from seq2seq.training.trainer import Trainer
 
+REPO = Path(__file__).resolve().parents[1]
 EAGER = {"model__dropout": 0.0, "train__early_dropout": None, "data__pad_to_buckets": "true"}
 
 
@@ -188,3 +192,40 @@ def test_the_fake_refuses_what_a_capture_cannot_record(tmp_path, fake_graphs):
     t.model.zero_grad(set_to_none=True)
     with pytest.raises(AssertionError, match="set to None"):
         graph.replay()
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_bench_trains_a_captured_model_as_its_eager_step(fake_graphs, reference):
+    """bench_train's captured contestants (ours, and nn.Transformer called as model(src,
+    tgt_in)) take the eager contestant's losses over three steps from the same weights."""
+    import copy
+    import sys
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    from experiments.bench_train import CapturedTrainee, Reference, Trainee
+
+    config = tiny_config(model__dropout=0.0)
+    c = config.model
+    c.src_vocab_size = c.tgt_vocab_size = 50
+    torch.manual_seed(0)
+    model = Reference(c, False, True) if reference else build_model(c)
+    eager = Trainee("eager", copy.deepcopy(model), config, None)
+    captured = CapturedTrainee("captured", copy.deepcopy(model), config, None, reference)
+    batches = [collate(*random_pairs(seed)) for seed in range(3)]
+    for batch in batches:
+        eager.step(batch)
+        captured.step(batch)
+    assert captured.losses == pytest.approx(eager.losses, rel=1e-5)
+
+
+def random_pairs(seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """A few pairs of random ordinary ids, sides of 3 to 9."""
+    g = torch.Generator().manual_seed(seed)
+
+    def side() -> list[int]:
+        return torch.randint(
+            4, 50, (int(torch.randint(3, 10, (1,), generator=g)),), generator=g
+        ).tolist()
+
+    pairs = [(side(), side()) for _ in range(4)]
+    return [s for s, _ in pairs], [t for _, t in pairs]

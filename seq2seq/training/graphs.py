@@ -105,7 +105,8 @@ class StaticStep:
     in place: what a graph can record. Runs eagerly too, on any device: the CPU's tests
     compare it with the trainer's step. ``shared`` holds the tensors every shape's step
     writes: ``found_inf``, ``loss`` (the last step's mean loss a target token) and
-    ``skipped`` (steps skipped since the host last read it)."""
+    ``skipped`` (steps skipped since the host last read it). ``forward(src, tgt_in)``: the
+    logits (ours, unchecked, by default; bench_train captures nn.Transformer's too)."""
 
     def __init__(
         self,
@@ -115,9 +116,11 @@ class StaticStep:
         dtype: torch.dtype | None,
         shape: tuple[int, int],
         shared: dict[str, Tensor],
+        forward: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> None:
         device = next(model.parameters()).device
         self.model, self.adam, self.dtype, self.shared = model, adam, dtype, shared
+        self.forward = forward or (lambda src, tgt_in: model(src, tgt_in, check=False))
         self.label_smoothing, self.clip_norm = config.train.label_smoothing, config.train.clip_norm
         self.params = [p for p in model.parameters() if p.requires_grad]
         ids = {"dtype": torch.long, "device": device}
@@ -148,7 +151,7 @@ class StaticStep:
             if p.grad is not None:
                 p.grad.zero_()
         with autocast(self.src.device, self.dtype, cache=False):  # no cast cache in a graph
-            logits = self.model(self.src, self.tgt_in, check=False)
+            logits = self.forward(self.src, self.tgt_in)
             loss = sequence_loss(logits, self.tgt_out, self.label_smoothing)
         (loss / self.n_tokens).backward()
         norm = nn.utils.clip_grad_norm_(self.params, self.clip_norm or math.inf)
@@ -171,10 +174,11 @@ class CapturedSteps:
         buckets: Buckets,
         dtype: torch.dtype | None,
         cuda: CudaGraphs | None = None,
+        forward: Callable[[Tensor, Tensor], Tensor] | None = None,
     ) -> None:
         (adam,) = optimizer.parts  # refusals(): Adam alone
         device = next(model.parameters()).device
-        self.model, self.optimizer, self.config, self.cuda = model, optimizer, config, cuda
+        self.model, self.optimizer, self.config = model, optimizer, config
         self.cuda = cuda or CudaGraphs()
         self.shared = {k: torch.zeros((), device=device) for k in ("found_inf", "loss", "skipped")}
         adam.found_inf = self.shared["found_inf"]
@@ -182,7 +186,9 @@ class CapturedSteps:
             group["lr"] = torch.tensor(float(group["lr"]), device=device)
             group["capturable"] = device.type == "cuda"
         shapes = [(buckets.max_tokens // length, length) for length in buckets.lengths]
-        self.steps = {s: StaticStep(model, adam, config, dtype, s, self.shared) for s in shapes}
+        self.steps = {
+            s: StaticStep(model, adam, config, dtype, s, self.shared, forward) for s in shapes
+        }
         self.graphs: dict[tuple[int, int], object] = {}
 
     def capture(self) -> None:
