@@ -176,7 +176,7 @@ def main() -> None:
         return
     config, dtype = recipe(args)
     args.run, args.data, args.src, args.tgt = "", "multi30k", "de", "en"
-    args.warmup, args.compile_warmup = 1, 0  # what prepare_batches reads
+    args.warmup, args.compile_warmup, args.captured = 1, 0, False  # what prepare_batches reads
     batches, tokenizer, source = prepare_batches(args, config)
     c = config.model
     c.src_vocab_size, c.tgt_vocab_size = tokenizer.src_vocab_size, tokenizer.tgt_vocab_size

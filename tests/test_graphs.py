@@ -7,6 +7,7 @@ real capture does on a GPU is the device check's to show (experiments/device_che
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,42 @@ def random_pairs(seed: int) -> tuple[list[list[int]], list[list[int]]]:
 
     pairs = [(side(), side()) for _ in range(4)]
     return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def test_a_step_skipped_after_the_last_log_line_is_counted_at_the_epochs_end(
+    tmp_path, fake_graphs, monkeypatch
+):
+    """No log line reads the device in this epoch (log_every 1000): the epoch's end does, and
+    the step skipped on the device is counted and said."""
+    t = trainer(
+        tmp_path,
+        "run",
+        train__cuda_graphs="true",
+        train__log_every=1000,
+        train__max_epochs=1,
+        **EAGER,
+    )
+    clean, calls = graphs.sequence_loss, []
+
+    def poisoned(*args):
+        calls.append(1)
+        return clean(*args) * (math.inf if len(calls) == 2 else 1.0)
+
+    monkeypatch.setattr(graphs, "sequence_loss", poisoned)
+    t.run()
+    assert len(calls) > 2 and t.state.bad_steps == 1
+    assert "non-finite loss at a step before" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_fp16_is_refused_where_auto_resolves_to_it(monkeypatch):
+    """Below compute capability 8.0 auto trains in fp16, whose loss scaler reads the device:
+    train.cuda_graphs true refuses it as it refuses precision fp16."""
+    cuda = FakeCuda(capability=(7, 0)).install(monkeypatch)
+    try:
+        runtime = Runtime(device=torch.device("cuda", 0))
+        with pytest.raises(Seq2SeqError, match="a precision other than fp16"):
+            graphs.wants_graphs(
+                tiny_config(train__cuda_graphs="true", train__precision="auto"), runtime
+            )
+    finally:
+        cuda.restore()

@@ -30,7 +30,7 @@ from seq2seq.config import Config
 from seq2seq.config_checks import setting_of
 from seq2seq.data.batching import Batch, Buckets
 from seq2seq.errors import Seq2SeqError
-from seq2seq.run.precision import autocast
+from seq2seq.run.precision import autocast, autocast_dtype
 from seq2seq.run.runtime import Runtime
 from seq2seq.training.optim import Optimizers, sequence_loss
 from seq2seq.vocab import SPECIAL_IDS
@@ -51,7 +51,7 @@ def refusals(config: Config, runtime: Runtime) -> list[str]:
         why.append("train.accum_steps 1")
     if t.optimizer != "adam":
         why.append("train.optimizer adam (fused Adam is what a graph steps)")
-    if t.precision == "fp16":
+    if autocast_dtype(t.precision, runtime.device) == torch.float16:  # auto too, below 8.0
         why.append("a precision other than fp16 (the loss scaler reads the device)")
     if t.ema:
         why.append("train.ema 0")
@@ -228,10 +228,15 @@ class CapturedSteps:
 
 
 def _snapshot(model: nn.Module, adam: torch.optim.Adam) -> dict:
-    """Copies of the weights and of Adam's state (none for a parameter not stepped yet)."""
+    """Copies of the weights and of Adam's state (none for a parameter not stepped yet), in
+    host memory: the device holds the capture's own."""
+
+    def copy(x: Tensor) -> Tensor:
+        return x.detach().to("cpu", copy=True)
+
     return {
-        "params": [p.detach().clone() for p in model.parameters()],
-        "state": {p: {k: v.clone() for k, v in s.items()} for p, s in adam.state.items()},
+        "params": [copy(p) for p in model.parameters()],
+        "state": {p: {k: copy(v) for k, v in s.items()} for p, s in adam.state.items()},
     }
 
 

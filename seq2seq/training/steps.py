@@ -22,7 +22,7 @@ from seq2seq.config import Config
 from seq2seq.data.batching import Batch, Buckets, TokenBatchSampler, collate
 from seq2seq.data.store import PairStore
 from seq2seq.errors import Seq2SeqError
-from seq2seq.run.precision import autocast
+from seq2seq.run.precision import autocast, matmul_precision
 from seq2seq.run.runtime import Runtime
 from seq2seq.training import budget, optim
 from seq2seq.training.budget import Clock
@@ -58,10 +58,12 @@ class Steps:
 
     def _capture(self) -> CapturedSteps:
         """The step captured for every bucket shape (graphs.py), before the clock starts; the
-        weights and Adam's state (fresh or resumed) are as they were."""
+        weights and Adam's state (fresh or resumed) are as they were. Under the run's TF32
+        setting: a graph replays the matrix multiplies as the capture launched them."""
         began = time.monotonic()
         graphs = CapturedSteps(self.model, self.optimizer, self.config, self.buckets, self.dtype)
-        graphs.capture()
+        with matmul_precision(self.config.train.precision, self.runtime.device):
+            graphs.capture()
         self.say(
             f"captured the training step as CUDA graphs for {len(graphs.graphs)} batch shapes "
             f"in {time.monotonic() - began:.1f} s"
@@ -156,6 +158,14 @@ class Steps:
         budget), by the counters and the clock as the ranks last agreed on it."""
         t = self.config.train
         return bool(t.cooldown) and budget.used(self.state, t, self.clock.agreed) > 1 - t.cooldown
+
+    def read_device(self) -> float:
+        """A captured step's last loss, with the steps it skipped since the last read counted
+        (``skip_bad_step``): the host's one wait for the device, at log steps and epoch ends."""
+        loss, skipped = self.graphs.read()
+        for _ in range(skipped):
+            self.skip_bad_step(on_device=True)
+        return loss
 
     def skip_bad_step(self, on_device: bool = False) -> None:
         """A step skipped for a non-finite loss or gradient counted, and the run stopped

@@ -286,6 +286,8 @@ class Trainer(Steps):
                 if s.stop_reason:
                     break
         bar.close()
+        if self.graphs is not None:  # the epoch's last steps skipped on the device, counted
+            self.read_device()
         if s.batch >= len(batches):
             # Validation is collective under torchrun: decided on the agreed reason, never on
             # this rank's own signal flag, which another rank may not have yet. Read before the
@@ -317,9 +319,7 @@ class Trainer(Steps):
         self.tick_tokens += n_tokens
         if s.step % t.log_every == 0:
             if loss is None:
-                loss, skipped = self.graphs.read()
-                for _ in range(skipped):
-                    self.skip_bad_step(on_device=True)
+                loss = self.read_device()
             rate = self.tick_tokens / max(time.monotonic() - self.tick, 1e-9)
             lr = self.optimizer.lr
             postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok_s": f"{rate:,.0f}"}
