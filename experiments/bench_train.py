@@ -614,7 +614,7 @@ def main() -> None:
             trainee.flop_rates.append(sum(step_flops[chunk]) / sum(seconds))
         print(
             f"round {r + 1}/{args.rounds}: "
-            + ", ".join(f"{t.name.split(',')[0]} {t.rates[-1]:,.0f}" for t in order),
+            + "; ".join(f"{t.name} {t.rates[-1]:,.0f}" for t in order),
             file=sys.stderr,
         )
 
