@@ -311,7 +311,7 @@ class Trainee:
 
 def paired_ratios(base: list[float], other: list[float]) -> list[float]:
     """``base``'s rate over ``other``'s (other's seconds over base's) for each pair of rounds,
-    one run in each order, their rates averaged: the order's effect cancels in a pair."""
+    one run in each order, their rates averaged."""
     whole = len(base) // 2 * 2
     return [(base[i] + base[i + 1]) / (other[i] + other[i + 1]) for i in range(0, whole, 2)]
 
@@ -682,8 +682,8 @@ def main() -> None:
 
     muon = [r for r in results if r["model"] == "seq2seq, Muon"]
     if muon:
-        # per pair of rounds (one in each order): a contestant runs faster first in a round,
-        # after its own last steps, than last, after the others' shapes left the kernel caches
+        # per pair of rounds (one in each order), so that a drift of the machine's speed
+        # weighs on both alike
         pairs = paired_ratios(results[0]["tokens_per_s_rounds"], muon[0]["tokens_per_s_rounds"])
         print(
             "seq2seq, Muon / Adam: "
