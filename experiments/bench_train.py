@@ -12,6 +12,8 @@ output, a causal mask plus key padding masks; with and without ``enable_nested_t
 With ``--muon``, our model trained by Muon (``train.optimizer muon``: Newton–Schulz on the
 layers' matrices, Adam for the rest) joins as a contestant, a copy with the same initial
 weights: what its step costs over Adam's is the seconds a step the clock judges it by.
+``--muon-ns-steps N`` (repeatable) adds Muon with N Newton–Schulz iterations a step
+(``train.muon_ns_steps``; ``--muon``'s is the config's, 5 by default).
 
 With ``--compile``, ``torch.compile`` (inductor) joins as more contestants, each a copy of
 the eager model with the same initial weights: the whole model with dynamic shapes, each
@@ -32,6 +34,7 @@ them a record that ``python -m experiments.records render`` turns into a speed t
     python experiments/bench_train.py --compile --threads 1 --json bench_compile_1.json
     python experiments/bench_train.py --quick          # seconds: proves the script runs
     python experiments/bench_train.py --muon --threads 1 --json bench_muon_1.json
+    python experiments/bench_train.py --muon --muon-ns-steps 3 --threads 1 --rounds 6 --steps 4
     python experiments/bench_train.py --profile 12 --threads 2   # where our step's time goes
 """
 
@@ -58,7 +61,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]  # tests/ for the tiny run's set
 
 from helpers import TINY_RUN  # noqa: E402
 
-from experiments.records.speed import train_table  # noqa: E402
+from experiments.records.speed import muon_lines, train_table  # noqa: E402
 from seq2seq.config import ModelConfig, load_config  # noqa: E402
 from seq2seq.data.batching import Batch, Buckets, TokenBatchSampler, collate  # noqa: E402
 from seq2seq.data.corpora import encode_pairs, load_corpus  # noqa: E402
@@ -309,13 +312,6 @@ class Trainee:
         return elapsed
 
 
-def paired_ratios(base: list[float], other: list[float]) -> list[float]:
-    """``base``'s rate over ``other``'s (other's seconds over base's) for each pair of rounds,
-    one run in each order, their rates averaged."""
-    whole = len(base) // 2 * 2
-    return [(base[i] + base[i + 1]) / (other[i] + other[i + 1]) for i in range(0, whole, 2)]
-
-
 class CapturedTrainee(Trainee):
     """The trainer's step captured as CUDA graphs (seq2seq/training/graphs.py), one per bucket
     shape, on ``model`` (ours, called unchecked; ``reference``: called as ``model(src,
@@ -491,6 +487,14 @@ def main() -> None:
         "--muon", action="store_true", help="add our model trained by Muon (train.optimizer)"
     )
     parser.add_argument(
+        "--muon-ns-steps",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="add Muon with N Newton–Schulz iterations a step (train.muon_ns_steps); repeatable",
+    )
+    parser.add_argument(
         "--captured",
         action="store_true",
         help="CUDA: add the trainer's captured step (train.cuda_graphs) for ours and for "
@@ -568,10 +572,14 @@ def main() -> None:
         reference = trainees[2].model  # nested off, tgt padding mask on
         name = "nn.Transformer, nested off, tgt padding mask on, captured"
         trainees.append(CapturedTrainee(name, copy.deepcopy(reference), config, dtype, True))
-    if args.muon:
+    for ns_steps in [None] * args.muon + args.muon_ns_steps:
         muon = copy.deepcopy(config)
         muon.train.optimizer = "muon"
-        trainees.append(Trainee("seq2seq, Muon", copy.deepcopy(ours), muon, dtype))
+        name = "seq2seq, Muon"
+        if ns_steps is not None:
+            muon.train.muon_ns_steps = ns_steps
+            name += f", {ns_steps} Newton–Schulz steps"
+        trainees.append(Trainee(name, copy.deepcopy(ours), muon, dtype))
     n_ours = count(ours.parameters())
     for trainee in trainees[1:]:  # the same architecture, so the same parameter count
         assert count(trainee.model.parameters()) == n_ours, (
@@ -680,16 +688,8 @@ def main() -> None:
             f"{captured[0]['tokens_per_s'] / results[0]['tokens_per_s']:.2f}x"
         )
 
-    muon = [r for r in results if r["model"] == "seq2seq, Muon"]
-    if muon:
-        # per pair of rounds (one in each order), so that a drift of the machine's speed
-        # weighs on both alike
-        pairs = paired_ratios(results[0]["tokens_per_s_rounds"], muon[0]["tokens_per_s_rounds"])
-        print(
-            "seq2seq, Muon / Adam: "
-            + (f"{statistics.median(pairs):.2f}x the seconds a step, median of {len(pairs)} "
-               f"pairs of rounds ({min(pairs):.2f}-{max(pairs):.2f})" if pairs else "no whole pair")
-        )  # fmt: skip
+    for line in muon_lines(results):
+        print(line)
 
     if args.json:
         fields = {

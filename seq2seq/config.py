@@ -95,6 +95,9 @@ class TrainConfig:
     muon_lr: float | None = None
     muon_momentum: float = 0.95
     muon_adjust_lr: str = "match_rms_adamw"
+    # Newton–Schulz iterations a step, on torch's coefficients (torch's default, 5); each costs
+    # three matrix multiplies of every matrix's size, so fewer make a cheaper step.
+    muon_ns_steps: int = 5
     label_smoothing: float = 0.1
     # "Late dropout": model.dropout is reached as the corpus is seen more often. Until epoch
     # dropout_epochs[0] the residual and embedding dropout is early_dropout, then it rises

@@ -108,6 +108,10 @@ def train_checks(t: Any) -> list[Check]:
             t.muon_adjust_lr in ("match_rms_adamw", "original"),
             "train.muon_adjust_lr must be 'match_rms_adamw' or 'original'",
         ),
+        (
+            1 <= t.muon_ns_steps <= 10,
+            "train.muon_ns_steps must be in [1, 10] (Newton–Schulz iterations a step)",
+        ),
         (0.0 <= t.ema < 1.0, "train.ema must be in [0, 1) (the decay; 0 = no moving average)"),
         (0.0 <= t.cooldown <= 1.0, "train.cooldown must be in [0, 1]"),
         (

@@ -161,6 +161,7 @@ def refused_by_set_and_file(override: str, match: str, tmp_path) -> None:
         (["train.muon_lr=0"], "train.muon_lr must be in \\(0, 10\\] or null"),
         (["train.muon_momentum=1"], "train.muon_momentum must be in \\[0, 1\\)"),
         (["train.muon_adjust_lr=none"], "muon_adjust_lr must be 'match_rms_adamw' or 'original'"),
+        (["train.muon_ns_steps=0"], "train.muon_ns_steps must be in \\[1, 10\\]"),
         (["train.ema=1"], "train.ema must be in \\[0, 1\\)"),
         (["train.ema=-0.5"], "train.ema must be in \\[0, 1\\)"),
         (["train.keep_last=2", "train.average_last=3"], "average_last must be between 0 and"),

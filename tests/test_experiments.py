@@ -191,12 +191,17 @@ def bench_record(tmp_path: Path, script: str, *args: str) -> tuple[dict, str]:
 
 
 def test_bench_train_json_is_a_record_the_render_turns_into_a_speed_table(tmp_path):
-    record, page = bench_record(tmp_path, "bench_train.py")
+    record, page = bench_record(tmp_path, "bench_train.py", "--muon-ns-steps", "3")
     assert record["environment"]["threads"] == 1 and record["environment"]["cpu"]
     speed = page.split("## Training speed")[1]
     ours = record["results"][0]
     assert f"| seq2seq | {ours['tokens_per_s']:,.0f} |" in speed
     assert f"{record['speedup_vs_best_reference']:.2f}×" in speed and "--quick" in speed
+    # Muon's step against Adam's, by pairs of rounds (--quick: 2 rounds, one pair)
+    muon = next(r for r in record["results"] if r["model"].startswith("seq2seq, Muon"))
+    assert muon["model"] == "seq2seq, Muon, 3 Newton–Schulz steps"
+    ratio = sum(ours["tokens_per_s_rounds"]) / sum(muon["tokens_per_s_rounds"])
+    assert f"- {muon['model']} / seq2seq: {ratio:.2f}× the seconds a step, median of 1 " in speed
     # what the count is: profiler events (views and wrapping operators among them), not kernels
     events = ours["profiler_events_per_step"]
     assert events > 0 and "| profiler events/step |" in speed and f"| {events} |" in speed

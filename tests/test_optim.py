@@ -31,12 +31,13 @@ def grads_like(params: list[torch.Tensor], seed: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("adjust", ["match_rms_adamw", "original"])
 @pytest.mark.parametrize("rows", [[8, 8, 8], [8, 4, 4]], ids=["MHA", "GQA"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_a_packed_step_equals_torchs_muon_on_the_separate_blocks(rows, adjust, dtype):
+@pytest.mark.parametrize("ns_steps", [5, 2])
+def test_a_packed_step_equals_torchs_muon_on_the_separate_blocks(rows, adjust, dtype, ns_steps):
     torch.manual_seed(0)
     packed = nn.Parameter(torch.randn(sum(rows), 8))
     start = packed.detach().clone()
     blocks = [nn.Parameter(b.detach().clone()) for b in packed.split(rows)]
-    settings = {"lr": 0.02, "weight_decay": 0.1, "adjust_lr_fn": adjust}
+    settings = {"lr": 0.02, "weight_decay": 0.1, "adjust_lr_fn": adjust, "ns_steps": ns_steps}
     ours = optim.block_muon()([{"params": [packed], "blocks": rows}], **settings)
     ours.ns_dtype = dtype
     theirs = torch.optim.Muon(blocks, **settings)  # Newton–Schulz in bf16
@@ -86,6 +87,11 @@ def test_muon_takes_the_layers_matrices_and_adam_everything_else():
         or model.get_parameter(names[i]).dim() == 1
         for i in in_adam
     )
+    assert {g["ns_steps"] for g in muon.param_groups} == {5}  # torch's default
+    _, fewer = optim.build_optimizer(
+        model, config("train.optimizer=muon", "train.muon_ns_steps=3")
+    ).parts
+    assert {g["ns_steps"] for g in fewer.param_groups} == {3}
     packings = {tuple(g["blocks"]): {names[id(p)] for p in g["params"]} for g in muon.param_groups}
     assert all(n.endswith("in_proj.weight") for n in packings[(32, 32, 32)])
     assert all(not n.endswith("in_proj.weight") for n in packings[()])

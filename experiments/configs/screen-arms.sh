@@ -2,9 +2,11 @@
 # Issue 60's arms by name, one after another, in one lane: the seeds and the second direction
 # of the screening that screen-muon-ema.sh began. A name says what the arm trains:
 #
-#   DIRECTION-ARM-STEPS-sSEED   deen | ende;  adam | muonXeY (Muon's peak rate) | emaD (decay)
+#   DIRECTION-ARM-STEPS-sSEED   deen | ende;  adam | muonXeY[nsN] (Muon's peak rate, and its
+#                               Newton–Schulz steps where not 5) | emaD (decay)
 #
-# e.g. deen-muon4e3-1200-s2 is de→en, Muon at peak rate 4e-3, 1,200 steps, train.seed 2. Each
+# e.g. deen-muon4e3-1200-s2 is de→en, Muon at peak rate 4e-3, 1,200 steps, train.seed 2, and
+# deen-muon4e3ns3-1030-s1 the same with 3 Newton–Schulz steps, 1,030 steps, seed 1. Each
 # arm trains at one thread, starts afresh or resumes from its last.safetensors, and a finished
 # arm has nothing to do, so the same command continues an interrupted lane. Two lanes (two
 # commands, each in the background) keep a 2-core machine's cores busy; the figures compared
@@ -28,9 +30,13 @@ for name in "$@"; do
   esac
   case $recipe in
     adam) sets=() ;;
-    muon*) rate=${recipe#muon}; sets=(--set train.optimizer=muon --set "train.muon_lr=${rate/e/e-}") ;;
+    muon*)
+      rate=${recipe#muon} ns=
+      [[ $rate == *ns* ]] && ns=${rate#*ns} rate=${rate%%ns*}
+      sets=(--set train.optimizer=muon --set "train.muon_lr=${rate/e/e-}")
+      [ -n "$ns" ] && sets+=(--set "train.muon_ns_steps=$ns") ;;
     ema*) sets=(--set "train.ema=${recipe#ema}") ;;
-    *) echo "$name: recipe $recipe is not adam, muonXeY or emaD" >&2; exit 2 ;;
+    *) echo "$name: recipe $recipe is not adam, muonXeY[nsN] or emaD" >&2; exit 2 ;;
   esac
   resume=()
   [ -f "$out/$name/last.safetensors" ] && resume=(--resume)

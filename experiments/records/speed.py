@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,29 @@ def train_speed(name: str, b: dict[str, Any]) -> str:
     speedup, goal = b["speedup_vs_best_reference"], b.get("speedup_goal")
     verdict = f" (goal ≥ {goal}×: {'met' if speedup >= goal else 'not met'})" if goal else ""
     lines += ["", f"seq2seq / best eager nn.Transformer: {speedup:.2f}×{verdict}."]
-    return "\n".join(lines)
+    muon = muon_lines(b["results"])
+    return "\n".join(lines + (["", *(f"- {line}" for line in muon)] if muon else []))
+
+
+def paired_ratios(base: list[float], other: list[float]) -> list[float]:
+    """``base``'s rate over ``other``'s (other's seconds over base's) for each pair of rounds,
+    one run in each order, their rates averaged."""
+    whole = len(base) // 2 * 2
+    return [(base[i] + base[i + 1]) / (other[i] + other[i + 1]) for i in range(0, whole, 2)]
+
+
+def muon_lines(results: list[dict[str, Any]]) -> list[str]:
+    """Each Muon contestant's seconds a step over our Adam's (``results[0]``), per pair of
+    rounds (one in each order), so that a drift of the machine's speed weighs on both alike."""
+    lines = []
+    for r in (r for r in results if r["model"].startswith("seq2seq, Muon")):
+        pairs = paired_ratios(results[0]["tokens_per_s_rounds"], r["tokens_per_s_rounds"])
+        lines.append(
+            f"{r['model']} / seq2seq: "
+            + (f"{statistics.median(pairs):.2f}× the seconds a step, median of {len(pairs)} "
+               f"pairs of rounds ({min(pairs):.2f}–{max(pairs):.2f})" if pairs else "no whole pair")
+        )  # fmt: skip
+    return lines
 
 
 def decode_speed(name: str, b: dict[str, Any]) -> str:

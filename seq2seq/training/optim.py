@@ -126,6 +126,7 @@ def muon(
         weight_decay=t.weight_decay,
         momentum=t.muon_momentum,
         adjust_lr_fn=t.muon_adjust_lr,
+        ns_steps=t.muon_ns_steps,
     )
     optimizer.ns_dtype = torch.bfloat16 if native_bf16(device) else torch.float32
     return optimizer
