@@ -31,7 +31,9 @@ import torch
 import torch.distributed as dist
 
 from helpers import tiny_model
-from seq2seq.run.runtime import distributed, leave_process_group, main_first, setup_runtime
+from seq2seq.run.runtime import (
+    distributed, exit_rank, leave_process_group, main_first, setup_runtime
+)
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=3))
 rt = setup_runtime("cpu", threads=1)
@@ -42,7 +44,10 @@ with torch.no_grad():
 src = torch.tensor([[5, 6, 7, 2]])
 distributed(model, rt)(src, src).sum().backward()
 print(f"rank {rt.rank}: positions shifted by {model.src_embed.positions[0, 1].item():.0f}")
-leave_process_group()
+if leave_process_group():  # a torchrun rank: its exit code, not the interpreter's teardown
+    print(f"rank {rt.rank}: left the group, group initialized: {dist.is_initialized()}")
+    exit_rank(0)
+raise SystemExit(5)
 """
 
 
@@ -62,6 +67,16 @@ def two_ranks(tmp_path_factory) -> subprocess.CompletedProcess:
 def test_rank_0_prepares_for_longer_than_the_process_groups_timeout(two_ranks):
     assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]
     assert "rank 0: prepared" in two_ranks.stdout and "rank 1: prepared" in two_ranks.stdout
+
+
+def test_each_rank_leaves_the_group_then_exits_with_its_code(two_ranks):
+    assert two_ranks.returncode == 0, two_ranks.stderr[-3000:]  # not SystemExit(5)
+    for rank in (0, 1):
+        assert f"rank {rank}: left the group, group initialized: False" in two_ranks.stdout
+
+
+def test_a_process_without_a_group_has_none_to_leave():
+    assert not dist.is_initialized() and runtime.leave_process_group() is False
 
 
 def test_ddp_leaves_each_ranks_buffers_alone(two_ranks):

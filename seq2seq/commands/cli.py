@@ -227,7 +227,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def _run_train(args: argparse.Namespace) -> int:
     from seq2seq.run.rundir import FLAGS
-    from seq2seq.run.runtime import leave_process_group
+    from seq2seq.run.runtime import exit_rank, leave_process_group
     from seq2seq.training.entry import train_run
 
     state = train_run(
@@ -241,11 +241,14 @@ def _run_train(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         words=FLAGS,
     )
-    leave_process_group()  # under torchrun: every rank leaves together, then exits
     stopped_by = state["stop_reason"].removeprefix("signal ")
     if stopped_by != state["stop_reason"]:  # saved, not finished: the shell's 128 + signal
-        return 128 + signal.Signals[stopped_by].value
-    return 0 if state["best_bleu"] >= 0 else 1
+        code = 128 + signal.Signals[stopped_by].value
+    else:
+        code = 0 if state["best_bleu"] >= 0 else 1
+    if leave_process_group():  # under torchrun: every rank leaves together, then exits
+        exit_rank(code)
+    return code
 
 
 class _IntermixedParser(argparse.ArgumentParser):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -298,13 +298,26 @@ def total(runtime: Runtime, *values: float) -> list[float]:
     return summed.tolist()
 
 
-def leave_process_group() -> None:
-    """Leave torchrun's process group before the process exits (every rank, together): a
-    gloo group left to the interpreter's exit can abort a rank that finished cleanly
-    ("terminate called without an active exception")."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def leave_process_group() -> bool:
+    """Leave the process group before the process exits (every rank, together); whether this
+    process is a rank of torchrun's world (``WORLD_SIZE`` > 1), which then calls
+    ``exit_rank``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.barrier()
+    dist.destroy_process_group()
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def exit_rank(code: int) -> NoReturn:
+    """End a torchrun rank that has left its group, its output flushed, without the
+    interpreter's teardown. DDP keeps its own reference to the gloo group, so the group can
+    outlive ``destroy_process_group`` until that teardown, where its worker threads can abort
+    a rank that finished cleanly ("terminate called without an active exception": rank 1,
+    now and then, in the two-rank test). Everything the run writes is closed by now."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def agree(runtime: Runtime, value: Value) -> Value:
