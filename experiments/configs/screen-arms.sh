@@ -6,7 +6,7 @@
 #                               Newton–Schulz steps where not 5) | emaD (decay)
 #
 # e.g. deen-muon4e3-1200-s2 is de→en, Muon at peak rate 4e-3, 1,200 steps, train.seed 2, and
-# deen-muon4e3ns3-1030-s1 the same with 3 Newton–Schulz steps, 1,030 steps, seed 1. Each
+# deen-muon4e3ns3-980-s1 the same with 3 Newton–Schulz steps, 980 steps, seed 1. Each
 # arm trains at one thread, starts afresh or resumes from its last.safetensors, and a finished
 # arm has nothing to do, so the same command continues an interrupted lane. Two lanes (two
 # commands, each in the background) keep a 2-core machine's cores busy; the figures compared
